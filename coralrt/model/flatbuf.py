@@ -1,0 +1,222 @@
+"""A generic, bounds-checked flatbuffer codec driven by the TFLite schema table.
+
+``decode(buf)`` turns a TFLite file into nested dicts (one per table, keyed
+by the schema's field names); ``encode(root)`` turns such dicts back into
+flatbuffer bytes.  The layout comes from ``_schema.TABLES`` so there is no
+generated class per table and no dependency on any CPU backend's bindings.
+
+Every read is checked against the buffer length before it happens, so a
+malformed file raises :class:`FlatbufferError` naming the field being read,
+and no offset is followed outside the buffer.  Numeric vectors are returned as
+zero-copy numpy views into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import flatbuffers
+import numpy as np
+
+from coralrt.model._schema import TABLES, UNIONS
+
+__all__ = ["FlatbufferError", "decode", "encode", "FILE_IDENTIFIER"]
+
+FILE_IDENTIFIER = b"TFL3"
+
+_SCALARS = {
+    "bool": struct.Struct("<?"), "int8": struct.Struct("<b"), "uint8": struct.Struct("<B"),
+    "utype": struct.Struct("<B"), "int16": struct.Struct("<h"), "uint16": struct.Struct("<H"),
+    "int32": struct.Struct("<i"), "uint32": struct.Struct("<I"), "int64": struct.Struct("<q"),
+    "uint64": struct.Struct("<Q"), "float32": struct.Struct("<f"), "float64": struct.Struct("<d"),
+}
+_NP = {
+    "bool": np.dtype(np.uint8), "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
+    "int16": np.dtype("<i2"), "uint16": np.dtype("<u2"), "int32": np.dtype("<i4"),
+    "uint32": np.dtype("<u4"), "int64": np.dtype("<i8"), "uint64": np.dtype("<u8"),
+    "float32": np.dtype("<f4"), "float64": np.dtype("<f8"),
+}
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+
+# Table layouts pre-split once: (name, vtable entry offset, kind, default).
+_LAYOUT = {
+    name: tuple((f[0], 4 + 2 * f[1], f[2], f[3]) for f in fields) for name, fields in TABLES.items()
+}
+
+
+class FlatbufferError(ValueError):
+    """The bytes are not a well-formed flatbuffer of the expected schema."""
+
+    def __init__(self, message: str, where: str):
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class _Decoder:
+    def __init__(self, buf):
+        self.buf = buf
+        self.size = len(buf)
+
+    def _check(self, pos: int, length: int, where: str) -> None:
+        if pos < 0 or length < 0 or pos + length > self.size:
+            raise FlatbufferError(
+                f"offset {pos}+{length} is outside the {self.size}-byte file", where)
+
+    def _uoffset(self, pos: int, where: str) -> int:
+        self._check(pos, 4, where)
+        return pos + _U32.unpack_from(self.buf, pos)[0]
+
+    def table(self, pos: int, tname: str, where: str) -> dict:
+        self._check(pos, 4, where)
+        vt = pos - _I32.unpack_from(self.buf, pos)[0]
+        self._check(vt, 4, where)
+        vt_len, obj_len = struct.unpack_from("<HH", self.buf, vt)
+        if vt_len < 4 or vt_len % 2:
+            raise FlatbufferError(f"vtable length {vt_len} is invalid", where)
+        self._check(vt, vt_len, where)
+        self._check(pos, obj_len, where)
+        out: dict = {}
+        for name, entry, kind, default in _LAYOUT[tname]:
+            off = _U16.unpack_from(self.buf, vt + entry)[0] if entry < vt_len else 0
+            if not off:
+                if default is not None:
+                    out[name] = default
+                continue
+            if off >= obj_len:
+                raise FlatbufferError(f"field {name!r} lies outside its table", where)
+            fpos = pos + off
+            scalar = _SCALARS.get(kind)
+            if scalar is not None:
+                self._check(fpos, scalar.size, f"{where}.{name}")
+                out[name] = scalar.unpack_from(self.buf, fpos)[0]
+            elif kind.startswith("union:"):
+                out[name] = (fpos, kind[6:])  # resolved below, needs the type tag
+            else:
+                out[name] = self.value(self._uoffset(fpos, f"{where}.{name}"), kind,
+                                       f"{where}.{name}")
+        for name, _, kind, _ in _LAYOUT[tname]:
+            if kind.startswith("union:") and name in out:
+                fpos, union = out[name]
+                member = UNIONS[union].get(out.get(name + "_type", 0))
+                # An unknown member comes from a newer schema: keep going without it.
+                out[name] = None if member is None else self.table(
+                    self._uoffset(fpos, f"{where}.{name}"), member, f"{where}.{name}")
+        return out
+
+    def value(self, pos: int, kind: str, where: str):
+        if kind == "string":
+            n = self._vec_len(pos, 1, where)
+            return bytes(self.buf[pos + 4:pos + 4 + n]).decode("utf-8", errors="replace")
+        if kind.startswith("["):
+            elem = kind[1:-1]
+            dtype = _NP.get(elem)
+            if dtype is not None:
+                n = self._vec_len(pos, dtype.itemsize, where)
+                arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=pos + 4)
+                return arr.astype(bool) if elem == "bool" else arr
+            n = self._vec_len(pos, 4, where)
+            if elem == "string":
+                return [self.value(self._uoffset(pos + 4 + 4 * i, where), "string", f"{where}[{i}]")
+                        for i in range(n)]
+            return [self.table(self._uoffset(pos + 4 + 4 * i, where), elem, f"{where}[{i}]")
+                    for i in range(n)]
+        return self.table(pos, kind, where)
+
+    def _vec_len(self, pos: int, itemsize: int, where: str) -> int:
+        self._check(pos, 4, where)
+        n = _U32.unpack_from(self.buf, pos)[0]
+        self._check(pos + 4, n * itemsize, where)
+        return n
+
+
+def decode(buf) -> dict:
+    """Decode a whole TFLite file (``bytes``/``memoryview``) into a dict tree."""
+    if len(buf) < 8:
+        raise FlatbufferError(f"{len(buf)} bytes is too short to be a TFLite model", "file")
+    dec = _Decoder(buf)
+    return dec.table(dec._uoffset(0, "root"), "Model", "model")
+
+
+# ---------------------------------------------------------------------------
+# encoding
+
+
+def _create_vector(b: flatbuffers.Builder, elem: str, items) -> int:
+    dtype = _NP.get(elem)
+    if dtype is not None:
+        data = np.ascontiguousarray(np.asarray(items), dtype=dtype)
+        return _create_bytes(b, data.tobytes(), dtype.itemsize, len(data),
+                             16 if elem in ("uint8", "int8") else dtype.itemsize)
+    if elem == "string":
+        offs = [b.CreateString(s) for s in items]
+    else:
+        offs = [_encode_table(b, elem, t) for t in items]
+    b.StartVector(4, len(offs), 4)
+    for off in reversed(offs):
+        b.PrependUOffsetTRelative(off)
+    return _end_vector(b, len(offs))
+
+
+def _create_bytes(b: flatbuffers.Builder, data: bytes, itemsize: int, count: int,
+                  alignment: int) -> int:
+    # Byte vectors are copied in one slice instead of element by element, and
+    # aligned to 16 bytes like the TFLite converter does, so constant tensors
+    # can be used in place by SIMD kernels.
+    b.StartVector(itemsize, count, alignment)
+    b.head = b.head - len(data)
+    b.Bytes[b.head:b.head + len(data)] = data
+    return _end_vector(b, count)
+
+
+def _end_vector(b: flatbuffers.Builder, count: int) -> int:
+    try:
+        return b.EndVector()
+    except TypeError:  # flatbuffers < 2.0 wants the element count
+        return b.EndVector(count)
+
+
+_PREPEND = {
+    "bool": "PrependBoolSlot", "int8": "PrependInt8Slot", "uint8": "PrependUint8Slot",
+    "utype": "PrependUint8Slot", "int16": "PrependInt16Slot", "uint16": "PrependUint16Slot",
+    "int32": "PrependInt32Slot", "uint32": "PrependUint32Slot", "int64": "PrependInt64Slot",
+    "uint64": "PrependUint64Slot", "float32": "PrependFloat32Slot",
+    "float64": "PrependFloat64Slot",
+}
+
+
+def _encode_table(b: flatbuffers.Builder, tname: str, obj: dict) -> int:
+    fields = TABLES[tname]
+    children: list[tuple[int, int]] = []
+    for name, slot, kind, _ in fields:
+        value = obj.get(name)
+        if value is None or kind in _PREPEND:
+            continue
+        if kind == "string":
+            children.append((slot, b.CreateString(value)))
+        elif kind.startswith("["):
+            children.append((slot, _create_vector(b, kind[1:-1], value)))
+        elif kind.startswith("union:"):
+            member = UNIONS[kind[6:]].get(obj.get(name + "_type", 0))
+            if member is not None:
+                children.append((slot, _encode_table(b, member, value)))
+        else:
+            children.append((slot, _encode_table(b, kind, value)))
+    b.StartObject(len(fields) and max(f[1] for f in fields) + 1)
+    for name, slot, kind, default in fields:
+        prepend = _PREPEND.get(kind)
+        value = obj.get(name)
+        if prepend is not None and value is not None:
+            getattr(b, prepend)(slot, value, default if default is not None else 0)
+    for slot, off in children:
+        b.PrependUOffsetTRelativeSlot(slot, off, 0)
+    return b.EndObject()
+
+
+def encode(model: dict, size_hint: int = 1024) -> bytes:
+    """Encode a ``Model`` dict tree into TFLite flatbuffer bytes."""
+    b = flatbuffers.Builder(size_hint)
+    root = _encode_table(b, "Model", model)
+    b.Finish(root, file_identifier=FILE_IDENTIFIER)
+    return bytes(b.Output())
