@@ -18,6 +18,7 @@ __all__ = [
     "BackendUnavailableError",
     "InferenceError",
     "ConfigError",
+    "TargetUnavailableError",
 ]
 
 
@@ -87,3 +88,7 @@ class ConfigError(CoralRTError, ValueError):
     For example an unknown CPU backend name or kernel set; the message lists
     the accepted values.
     """
+
+
+class TargetUnavailableError(CoralRTError, NotImplementedError):
+    """The requested target cannot run in this installation or version."""

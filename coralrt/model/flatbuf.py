@@ -108,7 +108,11 @@ class _Decoder:
     def value(self, pos: int, kind: str, where: str):
         if kind == "string":
             n = self._vec_len(pos, 1, where)
-            return bytes(self.buf[pos + 4:pos + 4 + n]).decode("utf-8", errors="replace")
+            try:
+                return bytes(self.buf[pos + 4:pos + 4 + n]).decode("utf-8")
+            except UnicodeDecodeError as e:
+                # Flatbuffer strings are UTF-8 by definition; native readers choke on others.
+                raise FlatbufferError(f"string is not valid UTF-8 ({e.reason})", where) from None
         if kind.startswith("["):
             elem = kind[1:-1]
             dtype = _NP.get(elem)

@@ -15,6 +15,8 @@ __all__ = ["validate"]
 
 SCHEMA_VERSION = 3
 _MAX_RANK = 16
+# TFLite flatbuffers, arenas and kernels index tensors with 32-bit sizes.
+_MAX_TENSOR_BYTES = 2**31 - 1
 
 
 def validate(model: Model) -> None:
@@ -89,6 +91,10 @@ def _check_tensor(t: Tensor, where: str) -> None:
         raise ModelError(f"rank {len(t.shape)} exceeds {_MAX_RANK}", where=where)
     if any(d < 0 for d in t.shape):
         raise ModelError(f"shape {list(t.shape)} has a negative dimension", where=where)
+    size = packed_size(t.type, t.shape)
+    if size is not None and size > _MAX_TENSOR_BYTES:
+        raise ModelError(f"shape {list(t.shape)} of {t.type_name} needs {size} bytes, more "
+                         f"than a TFLite tensor can hold (2 GiB)", where=where)
     if t.shape_signature is not None and len(t.shape_signature) not in (0, len(t.shape)):
         raise ModelError(f"shape_signature {list(t.shape_signature)} does not have the rank "
                          f"of shape {list(t.shape)}", where=where)

@@ -1,0 +1,89 @@
+"""The CPU backend interface: a backend loads model bytes into a program.
+
+A :class:`CpuBackend` wraps one interpreter library (LiteRT, tflite-runtime);
+:meth:`CpuBackend.load` turns a complete ``.tflite`` model into a
+:class:`CpuProgram` whose :meth:`CpuProgram.run` is the per-inference path.
+Everything that can be checked is checked in ``load`` so that ``run`` only
+moves tensors and invokes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CpuBackend", "CpuProgram", "KERNEL_SETS"]
+
+#: Accepted values of ``kernels``: ``"optimized"`` is the interpreter's default
+#: resolver (XNNPACK and optimized kernels), ``"reference"`` the TFLite
+#: reference kernels (``OpResolverType.BUILTIN_REF``), which define the integer
+#: semantics the simulated Edge TPU is compared against.
+KERNEL_SETS = ("optimized", "reference")
+
+
+class CpuProgram:
+    """A model loaded into a CPU backend, ready to run.
+
+    ``input_details`` and ``output_details`` are the interpreter's own detail
+    dicts (``name``, ``index``, ``shape``, ``shape_signature``, ``dtype``,
+    ``quantization_parameters``, ...), in model input and output order.
+
+    ``lock`` serializes every call into the interpreter, which is not
+    thread-safe. It is re-entrant so that a caller can hold it around
+    :meth:`resize_inputs` followed by :meth:`run` to make the pair atomic.
+    """
+
+    input_details: list[dict[str, Any]]
+    output_details: list[dict[str, Any]]
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.input_details = []
+        self.output_details = []
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run once.
+
+        ``inputs`` are in model input order and already have the dtype and
+        shape of ``input_details``. Returns a fresh copy of every output, in
+        model output order.
+        """
+        raise NotImplementedError
+
+    def resize_inputs(self, shapes: list[tuple[int, ...]]) -> None:
+        """Give the inputs new shapes (one per input, in model input order).
+
+        Only dimensions that are ``-1`` in an input's ``shape_signature`` may
+        change. Refreshes ``input_details`` and ``output_details``.
+        """
+        raise NotImplementedError
+
+
+class CpuBackend:
+    """One CPU interpreter library.
+
+    ``name`` is the key :func:`coralrt.backends.get_backend` knows it by,
+    ``version`` the version of the underlying library.
+    """
+
+    name: str = ""
+    version: str = ""
+
+    def load(
+        self,
+        model_bytes: bytes,
+        *,
+        num_threads: int | None = None,
+        kernels: str = "optimized",
+    ) -> CpuProgram:
+        """Load a complete ``.tflite`` model and allocate its tensors.
+
+        ``num_threads`` ``None`` leaves the choice to the interpreter.
+        ``kernels`` is one of :data:`KERNEL_SETS`.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self.version}>"

@@ -1,0 +1,258 @@
+"""CPU backends over the LiteRT (``ai_edge_litert``) and ``tflite_runtime`` interpreters.
+
+Both packages expose the same ``Interpreter`` class, so one implementation
+serves both; the subclasses only say which module to import. The import
+happens when a backend object is created, never when coralrt is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    BackendUnavailableError,
+    ConfigError,
+    CoralRTError,
+    InferenceError,
+    InputError,
+    ModelError,
+    UnsupportedOperatorError,
+)
+from .base import KERNEL_SETS, CpuBackend, CpuProgram
+
+__all__ = ["LiteRTBackend", "TFLiteRuntimeBackend", "LiteRTProgram"]
+
+log = logging.getLogger("coralrt.backends")
+
+# Messages of the TFLite C++ core, identical in LiteRT and tflite-runtime.
+_UNRESOLVED_CUSTOM = re.compile(r"Encountered unresolved custom op: (.+?)\.(?:\s|$)")
+_MISSING_BUILTIN = re.compile(r"Didn't find op for builtin opcode '([^']+)' version '(\d+)'")
+_NODE = re.compile(r"Node number (\d+) \(")
+
+
+def _native_text(exc: BaseException) -> str:
+    # The native error reporter appends to one buffer across calls and adds
+    # a tutorial URL: keep one readable line.
+    text = re.sub(r"\s*See instructions: \S+", "", str(exc))
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _translate(exc: BaseException, stage: str) -> CoralRTError:
+    """Map an exception raised by the native interpreter to a coralrt error.
+
+    ``stage`` is where it was raised: ``"load"``, ``"allocate"``,
+    ``"resize"``, ``"set_input"`` or ``"invoke"``.
+    """
+    raw = str(exc)
+    text = _native_text(exc)
+    log.debug("native %s error: %s", stage, raw)
+    node = _NODE.search(raw)
+    where = f"operator {node.group(1)}" if node else None
+
+    m = _UNRESOLVED_CUSTOM.search(raw)
+    if m and stage in ("load", "allocate"):
+        return UnsupportedOperatorError(
+            m.group(1), where=where, detail=f"the CPU backend says: {text}"
+        )
+    m = _MISSING_BUILTIN.search(raw)
+    if m and stage in ("load", "allocate"):
+        op, version = m.groups()
+        return UnsupportedOperatorError(
+            op,
+            where=where,
+            detail=(
+                f"the CPU backend has no kernel for {op} version {version}; a newer "
+                f"ai-edge-litert may have it"
+            ),
+        )
+    if stage in ("load", "allocate"):
+        # No ``where``: it would go before the required message prefix, and the
+        # native text already names the node.
+        return ModelError(f"the CPU backend rejected the model: {text}")
+    if stage in ("resize", "set_input"):
+        return InputError(f"the CPU backend rejected the inputs: {text}")
+    return InferenceError(f"the CPU backend failed while running the model: {text}")
+
+
+class LiteRTProgram(CpuProgram):
+    """A model loaded into one interpreter instance."""
+
+    def __init__(self, interpreter: Any) -> None:
+        super().__init__()
+        self._interp = interpreter
+        # Bound methods fetched once: run() is the hot path.
+        self._set_tensor = interpreter.set_tensor
+        self._invoke = interpreter.invoke
+        self._get_tensor = interpreter.get_tensor
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.input_details = self._interp.get_input_details()
+        self.output_details = self._interp.get_output_details()
+        self._in_idx = tuple(int(d["index"]) for d in self.input_details)
+        self._out_idx = tuple(int(d["index"]) for d in self.output_details)
+        self._n_in = len(self._in_idx)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if len(inputs) != self._n_in:
+            raise InputError(
+                f"the model has {self._n_in} input(s), got {len(inputs)} array(s)"
+            )
+        set_tensor, get_tensor = self._set_tensor, self._get_tensor
+        with self.lock:
+            try:
+                for index, value in zip(self._in_idx, inputs):
+                    set_tensor(index, value)
+            except (ValueError, RuntimeError) as e:
+                raise _translate(e, "set_input") from e
+            try:
+                self._invoke()
+            except (ValueError, RuntimeError) as e:
+                raise _translate(e, "invoke") from e
+            # get_tensor copies, so the caller owns what it gets.
+            return [get_tensor(index) for index in self._out_idx]
+
+    def resize_inputs(self, shapes: list[tuple[int, ...]]) -> None:
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        with self.lock:
+            current = [tuple(int(d) for d in det["shape"]) for det in self.input_details]
+            if shapes == current:
+                return
+            self._check_shapes(shapes)
+            try:
+                for index, shape in zip(self._in_idx, shapes):
+                    self._interp.resize_tensor_input(index, list(shape), strict=True)
+                self._interp.allocate_tensors()
+            except (ValueError, RuntimeError) as e:
+                self._restore(current)
+                raise _translate(e, "resize") from e
+            self._refresh()
+
+    def _check_shapes(self, shapes: list[tuple[int, ...]]) -> None:
+        # Checked here so that the caller gets a message naming the input
+        # instead of the interpreter's accumulated error text.
+        if len(shapes) != self._n_in:
+            raise InputError(f"the model has {self._n_in} input(s), got {len(shapes)} shape(s)")
+        for det, shape in zip(self.input_details, shapes):
+            sig = tuple(int(d) for d in det.get("shape_signature", det["shape"]))
+            ok = len(shape) == len(sig) and all(
+                s > 0 and (g == -1 or s == g) for s, g in zip(shape, sig)
+            )
+            if not ok:
+                raise InputError(
+                    f"input {det['name']!r}: cannot take shape {shape}; its shape "
+                    f"signature is {sig} and only the -1 dimensions may change"
+                )
+
+    def _restore(self, shapes: list[tuple[int, ...]]) -> None:
+        try:
+            for index, shape in zip(self._in_idx, shapes):
+                self._interp.resize_tensor_input(index, list(shape), strict=True)
+            self._interp.allocate_tensors()
+        except (ValueError, RuntimeError):
+            log.warning("could not restore the input shapes after a failed resize", exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"<LiteRTProgram inputs={self._n_in} outputs={len(self._out_idx)}>"
+
+
+class _InterpreterBackend(CpuBackend):
+    """Shared implementation; subclasses name the module and its package."""
+
+    _module = ""
+    _package = ""
+
+    def __init__(self) -> None:
+        top = self._module.partition(".")[0]
+        if importlib.util.find_spec(top) is None:
+            raise BackendUnavailableError(
+                f"CPU backend {self.name!r} is not installed; "
+                f"install it with `pip install {self._package}`"
+            )
+        # Before the import: a broken native module may fail noisily on import.
+        self._check_usable()
+        try:
+            mod = importlib.import_module(self._module)
+        except ImportError as e:
+            raise BackendUnavailableError(
+                f"CPU backend {self.name!r} is installed but cannot be imported ({e}); "
+                f"reinstall it with `pip install --force-reinstall {self._package}`"
+            ) from e
+        self._Interpreter = mod.Interpreter
+        self._resolvers = {
+            "optimized": mod.OpResolverType.AUTO,
+            "reference": mod.OpResolverType.BUILTIN_REF,
+        }
+        self.version = str(getattr(importlib.import_module(top), "__version__", "unknown"))
+
+    def _check_usable(self) -> None:
+        pass
+
+    def load(
+        self,
+        model_bytes: bytes,
+        *,
+        num_threads: int | None = None,
+        kernels: str = "optimized",
+    ) -> CpuProgram:
+        resolver = self._resolvers.get(kernels)
+        if resolver is None:
+            raise ConfigError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        if not isinstance(model_bytes, bytes):
+            # The native loader only takes bytes (it keeps a reference, no copy).
+            model_bytes = bytes(model_bytes)
+        if not model_bytes:
+            raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
+        try:
+            interp = self._Interpreter(
+                model_content=model_bytes,
+                num_threads=num_threads,
+                experimental_op_resolver_type=resolver,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise _translate(e, "load") from e
+        try:
+            interp.allocate_tensors()
+        except (ValueError, RuntimeError) as e:
+            raise _translate(e, "allocate") from e
+        program = LiteRTProgram(interp)
+        log.debug(
+            "%s %s loaded %d-byte model: kernels=%s num_threads=%s, %d inputs, %d outputs",
+            self.name, self.version, len(model_bytes), kernels, num_threads,
+            len(program.input_details), len(program.output_details),
+        )
+        return program
+
+
+class LiteRTBackend(_InterpreterBackend):
+    """The LiteRT interpreter from the ``ai-edge-litert`` package (the default)."""
+
+    name = "litert"
+    _module = "ai_edge_litert.interpreter"
+    _package = "ai-edge-litert"
+
+
+class TFLiteRuntimeBackend(_InterpreterBackend):
+    """The interpreter from the ``tflite-runtime`` package."""
+
+    name = "tflite_runtime"
+    _module = "tflite_runtime.interpreter"
+    _package = "tflite-runtime"
+
+    def _check_usable(self) -> None:
+        # Its wheels are built against NumPy 1: under NumPy 2 the import works
+        # but creating an Interpreter fails with "_ARRAY_API not found".
+        if int(np.__version__.split(".")[0]) >= 2:
+            raise BackendUnavailableError(
+                f"CPU backend 'tflite_runtime' needs numpy<2 but numpy {np.__version__} "
+                f"is installed; use `pip install ai-edge-litert` instead, or "
+                f"`pip install 'numpy<2'`"
+            )

@@ -1,0 +1,200 @@
+"""``InferenceSession``: load a model once, run it many times.
+
+Everything that can be decided at load time is decided there (validation,
+backend program, input and output tables), so :meth:`InferenceSession.run`
+only checks the feed against precomputed expectations and calls the program.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from coralrt.backends import get_backend
+from coralrt.errors import ConfigError, InputError, ModelError, TargetUnavailableError
+from coralrt.model import Model, load_model, read_bytes
+from coralrt.tensors import TensorInfo
+
+__all__ = ["InferenceSession", "TARGETS"]
+
+log = logging.getLogger("coralrt.session")
+
+TARGETS = ("cpu", "sim", "coral", "auto")
+
+
+class InferenceSession:
+    """Run a TFLite model on a target.
+
+    :param model: a path, the model's bytes, or a :class:`coralrt.model.Model`.
+    :param target: ``"cpu"`` (whole model on the CPU backend), ``"sim"``,
+        ``"coral"`` or ``"auto"`` (see docs/architecture.md).
+    :param num_threads: CPU backend threads; ``None`` lets the backend choose.
+    :param backend: CPU backend name (``"litert"``, ``"tflite_runtime"``);
+        ``None`` picks the first installed.
+    :param cpu_kernels: ``"optimized"`` (default) or ``"reference"`` (TFLite's
+        reference kernels, ``BUILTIN_REF``).
+
+    Raises :class:`~coralrt.errors.ModelError` for invalid models,
+    :class:`~coralrt.errors.UnsupportedOperatorError` for operators nothing
+    provides.  ``run`` is safe to call from several threads; calls are
+    serialized.
+    """
+
+    def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
+                 backend: str | None = None, cpu_kernels: str = "optimized"):
+        if target not in TARGETS:
+            raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        if isinstance(model, Model):
+            self.model = load_model(model)
+            data = model.to_bytes()
+        else:
+            data = read_bytes(model)
+            self.model = load_model(data)
+        if target == "auto":
+            # No Edge TPU driver is part of this build yet, so auto means CPU.
+            log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
+            target = "cpu"
+        if target in ("sim", "coral"):
+            raise TargetUnavailableError(
+                f"target {target!r} is not available in this version of coralrt; "
+                f"use target='cpu'")
+        if self.model.is_edgetpu_compiled:
+            raise ModelError(
+                "this model was compiled by edgetpu_compiler (it contains "
+                "edgetpu-custom-op) and only runs on an Edge TPU; use the plain, "
+                "uncompiled .tflite with target='cpu'")
+        self.target = target
+        self._backend = get_backend(backend)
+        self._program = self._backend.load(data, num_threads=num_threads, kernels=cpu_kernels)
+        sg = self.model.main
+        self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
+        self._outputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.outputs]
+        self._input_names = [t.name for t in self._inputs]
+        self._output_names = _unique([t.name for t in self._outputs])
+        self._input_pos = {n: i for i, n in enumerate(self._input_names)}
+        self._output_pos = {n: i for i, n in enumerate(self._output_names)}
+        self._dynamic = any(-1 in t.shape_signature for t in self._inputs)
+        self._shapes = [t.shape for t in self._inputs]
+        log.debug("session ready: %d inputs, %d outputs, backend %s", len(self._inputs),
+                  len(self._outputs), self._backend.name)
+
+    # -- description ----------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """Name of the CPU backend in use."""
+        return self._backend.name
+
+    def get_inputs(self) -> list[TensorInfo]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorInfo]:
+        return list(self._outputs)
+
+    # -- running ----------------------------------------------------------------
+
+    def run(self, inputs, *, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run once and return ``{output name: array}``.
+
+        ``inputs`` is a dict by input name, a list in input order, or one
+        array for a one-input model.  ``outputs`` restricts the result to
+        these output names, in that order.
+        """
+        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
+        program = self._program
+        with program.lock:
+            if self._dynamic:
+                shapes = [a.shape for a in arrays]
+                if shapes != self._shapes:
+                    program.resize_inputs(shapes)
+                    self._shapes = shapes
+            results = program.run(arrays)
+        if outputs is None:
+            return dict(zip(self._output_names, results))
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        picked = {}
+        for name in outputs:
+            pos = self._output_pos.get(name)
+            if pos is None:
+                raise InputError(f"unknown output {name!r}; the model's outputs are "
+                                 f"{self._output_names}")
+            picked[name] = results[pos]
+        return picked
+
+    def _order(self, inputs) -> list:
+        n = len(self._inputs)
+        if isinstance(inputs, Mapping):
+            unknown = [k for k in inputs if k not in self._input_pos]
+            missing = [k for k in self._input_names if k not in inputs]
+            if unknown or missing:
+                parts = []
+                if missing:
+                    parts.append(f"missing {missing}")
+                if unknown:
+                    parts.append(f"unknown {unknown}")
+                raise InputError(f"inputs do not match the model: {', '.join(parts)}; the "
+                                 f"model's inputs are {self._input_names}")
+            return [inputs[k] for k in self._input_names]
+        if isinstance(inputs, np.ndarray):
+            if n != 1:
+                raise InputError(f"the model has {n} inputs {self._input_names}; pass a dict "
+                                 f"by name or a list in that order, not one array")
+            return [inputs]
+        if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)):
+            if len(inputs) != n:
+                raise InputError(f"the model has {n} input(s) {self._input_names}, got "
+                                 f"{len(inputs)} value(s)")
+            return list(inputs)
+        raise InputError(f"inputs must be a dict by name, a list in input order or a numpy "
+                         f"array, got {type(inputs).__name__}")
+
+    def _check(self, info: TensorInfo, value) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            value = _coerce(info, value)
+        if value.dtype != info.dtype:
+            hint = ""
+            if info.is_quantized and value.dtype.kind == "f":
+                hint = (f"; this input is quantized (scale {info.quantization[0]:g}, zero point "
+                        f"{info.quantization[1]}): convert with "
+                        f"session.get_inputs()[i].quantize(x)")
+            raise InputError(f"input {info.name!r} expects dtype {info.dtype.name}, got "
+                             f"{value.dtype.name}{hint}")
+        if value.shape != info.shape:
+            sig = info.shape_signature
+            if not (len(value.shape) == len(sig)
+                    and all(g == -1 or d == g for d, g in zip(value.shape, sig))):
+                raise InputError(f"input {info.name!r} expects shape {list(info.shape)}"
+                                 f"{'' if sig == info.shape else f' (signature {list(sig)})'}"
+                                 f", got {list(value.shape)}")
+        return value
+
+    def __repr__(self) -> str:
+        return (f"<InferenceSession target={self.target!r} backend={self.backend!r} "
+                f"inputs={self._input_names} outputs={self._output_names}>")
+
+
+def _coerce(info: TensorInfo, value) -> np.ndarray:
+    # Python scalars and lists carry no dtype of their own: take the input's,
+    # but only when no value changes on the way.
+    try:
+        arr = np.asarray(value)
+        cast = arr.astype(info.dtype)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
+                         f"{type(value).__name__} ({e})") from None
+    if arr.dtype.kind in "iufb" and not np.array_equal(cast, arr):
+        raise InputError(f"input {info.name!r}: values do not fit dtype {info.dtype.name}")
+    return cast
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 else f"{n}:{k}")
+    return out

@@ -1,0 +1,107 @@
+"""Tensor descriptions for users, and quantization helpers.
+
+:class:`TensorInfo` is what ``InferenceSession.get_inputs()`` and
+``get_outputs()`` return.  ``quantize``/``dequantize`` use TFLite's affine
+mapping ``real = scale * (q - zero_point)``; rounding is half away from zero
+as in TFLite's own quantize kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coralrt.model.types import Tensor
+
+__all__ = ["TensorInfo", "quantize", "dequantize"]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of a session.
+
+    ``quantization`` is ``(scale, zero_point)`` for per-tensor quantized
+    tensors and ``(0.0, 0)`` otherwise (the TFLite convention); ``scales``,
+    ``zero_points`` and ``quantized_dimension`` carry per-channel parameters.
+    ``shape_signature`` has ``-1`` where a dimension may change at run time.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    quantization: tuple[float, int] = (0.0, 0)
+    scales: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
+    zero_points: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    quantized_dimension: int = 0
+    shape_signature: tuple[int, ...] = ()
+    index: int = -1  # tensor index in the model's main subgraph
+
+    @classmethod
+    def from_tensor(cls, t: Tensor, index: int) -> TensorInfo:
+        q = t.quantization
+        return cls(
+            name=t.name, shape=t.shape, dtype=t.dtype if t.dtype is not None else np.dtype(object),
+            quantization=q.params if q is not None else (0.0, 0),
+            scales=np.asarray(q.scale if q is not None else [], np.float32),
+            zero_points=np.asarray(q.zero_point if q is not None else [], np.int64),
+            quantized_dimension=q.quantized_dimension if q is not None else 0,
+            shape_signature=t.shape_signature or t.shape, index=index,
+        )
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.scales.size > 0 and bool(np.any(self.scales != 0))
+
+    def quantize(self, x) -> np.ndarray:
+        """Float values -> this tensor's integer dtype, with its own parameters."""
+        if not self.is_quantized:
+            raise ValueError(f"tensor {self.name!r} is not quantized")
+        return quantize(x, self.scales, self.zero_points, self.dtype,
+                        axis=self.quantized_dimension)
+
+    def dequantize(self, q) -> np.ndarray:
+        """Integer values of this tensor -> float32 real values."""
+        if not self.is_quantized:
+            return np.asarray(q, np.float32)
+        return dequantize(q, self.scales, self.zero_points, axis=self.quantized_dimension)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly form (used by the CLI)."""
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
+             "quantization": {"scale": self.quantization[0],
+                              "zero_point": self.quantization[1]}}
+        if self.scales.size > 1:
+            d["quantization"].update(scales=self.scales.tolist(),
+                                     zero_points=self.zero_points.tolist(),
+                                     quantized_dimension=self.quantized_dimension)
+        if self.shape_signature != self.shape:
+            d["shape_signature"] = list(self.shape_signature)
+        return d
+
+
+def _along(p: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    if p.size <= 1:
+        return p.reshape(())
+    shape = [1] * ndim
+    shape[axis] = p.size
+    return p.reshape(shape)
+
+
+def quantize(x, scale, zero_point, dtype, axis: int = 0) -> np.ndarray:
+    """``clamp(round(x / scale) + zero_point)`` in ``dtype``; per-channel along ``axis``."""
+    x = np.asarray(x, np.float64)
+    s = _along(np.asarray(scale, np.float64), x.ndim, axis)
+    zp = _along(np.asarray(zero_point, np.float64), x.ndim, axis)
+    v = x / s
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5) + zp
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def dequantize(q, scale, zero_point, axis: int = 0) -> np.ndarray:
+    """``scale * (q - zero_point)`` as float32; per-channel along ``axis``."""
+    q = np.asarray(q)
+    s = _along(np.asarray(scale, np.float32), q.ndim, axis)
+    zp = _along(np.asarray(zero_point, np.int64), q.ndim, axis)
+    return (s * (q.astype(np.int64) - zp)).astype(np.float32)

@@ -1,0 +1,95 @@
+"""Shared test helpers: where the third-party test models live.
+
+The models are not part of this repository: they sit in ``shared/models``
+next to the repository root (the same layout in CI). Tests that need them
+skip with an explicit reason only when that folder is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = REPO_ROOT.parent / "shared" / "models"
+MISSING_REASON = f"test models folder {MODELS_DIR} is absent"
+
+
+def shared_model(name: str) -> Path:
+    """Path of ``name`` (relative to ``shared/models``); skips when the folder is absent.
+
+    A missing file inside a present folder is an error, not a skip.
+    """
+    if not MODELS_DIR.is_dir():
+        pytest.skip(MISSING_REASON)
+    path = MODELS_DIR / name
+    if not path.is_file():
+        raise FileNotFoundError(f"test model {name!r} not found in {MODELS_DIR}")
+    return path
+
+
+def model_params(names: list[str]) -> list:
+    """``pytest.param`` per name, or one skipped param when the models are absent.
+
+    Keeps a missing folder visible as a skip instead of a test that
+    silently collects nothing.
+    """
+    if not MODELS_DIR.is_dir():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING_REASON))]
+    return [pytest.param(n, id=n) for n in names]
+
+
+@pytest.fixture
+def models_dir() -> Path:
+    if not MODELS_DIR.is_dir():
+        pytest.skip(MISSING_REASON)
+    return MODELS_DIR
+
+
+def shared_model_names(*, compiled: bool | None = None) -> list[str]:
+    """Every valid ``.tflite`` under ``shared/models`` (``invalid/`` excluded), as params.
+
+    ``compiled`` True/False keeps only the edgetpu_compiler outputs / only the
+    plain models.  Found by listing the folder, so new files are tested too.
+    """
+    if not MODELS_DIR.is_dir():
+        return model_params([])
+    names = sorted(
+        str(p.relative_to(MODELS_DIR)) for p in MODELS_DIR.rglob("*.tflite")
+        if p.parent.name != "invalid"
+    )
+    if compiled is not None:
+        names = [n for n in names if n.endswith("_edgetpu.tflite") == compiled]
+    return model_params(names)
+
+
+def run_litert(model_bytes: bytes, inputs: list, kernels: str = "optimized") -> list:
+    """Run ``model_bytes`` directly in the LiteRT interpreter (the yardstick)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    resolver = OpResolverType.BUILTIN_REF if kernels == "reference" else OpResolverType.AUTO
+    interp = Interpreter(model_content=model_bytes, experimental_op_resolver_type=resolver)
+    interp.allocate_tensors()
+    for detail, value in zip(interp.get_input_details(), inputs):
+        interp.set_tensor(detail["index"], value)
+    interp.invoke()
+    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
+
+
+def random_inputs(tensors, seed: int = 0) -> list:
+    """Deterministic random data for a list of coralrt ``Tensor``/``TensorInfo``s."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in tensors:
+        dt = np.dtype(t.dtype)
+        if dt.kind in "iu":
+            info = np.iinfo(dt)
+            out.append(rng.integers(info.min, info.max, t.shape, endpoint=True).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.integers(0, 2, t.shape).astype(bool))
+        else:
+            out.append(rng.standard_normal(t.shape).astype(dt))
+    return out

@@ -1,0 +1,53 @@
+"""Subprocess worker for the model fuzz test.
+
+Reads one model path per line on stdin, loads it with coralrt, runs it once
+on random inputs, and answers one line per case: ``OK``, ``ModelError <msg>``
+or ``RAW <traceback>`` for anything that is not a coralrt error.  A crash of
+the native interpreter kills this process, which the parent sees.
+"""
+
+import sys
+import traceback
+
+import numpy as np
+
+from coralrt import InferenceSession
+from coralrt.errors import CoralRTError, ModelError
+
+
+def _feeds(session):
+    rng = np.random.default_rng(0)
+    out = []
+    for info in session.get_inputs():
+        if np.prod(info.shape) > 2**24:
+            # Mutated shapes can be huge but legal: random data would only cost time.
+            out.append(np.zeros(info.shape, info.dtype))
+        elif info.dtype.kind in "iu":
+            lim = np.iinfo(info.dtype)
+            out.append(rng.integers(lim.min, lim.max, info.shape, endpoint=True).astype(info.dtype))
+        elif info.dtype.kind == "b":
+            out.append(np.zeros(info.shape, bool))
+        else:
+            out.append(rng.standard_normal(info.shape).astype(info.dtype))
+    return out
+
+
+def main() -> None:
+    for line in sys.stdin:
+        path = line.strip()
+        try:
+            session = InferenceSession(path, target="cpu", num_threads=1)
+            session.run(_feeds(session))
+            answer = "OK"
+        except ModelError as e:
+            answer = "ModelError " + str(e)
+        except CoralRTError as e:
+            answer = f"{type(e).__name__} {e}"
+        except Exception:
+            answer = "RAW " + traceback.format_exc()
+        sys.stdout.write(answer.replace("\n", "\\n") + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Mutated models never crash the process or escape as a raw traceback.
+
+Hypothesis truncates and flips bytes of real models; each case runs in a
+long-lived subprocess (so a native crash shows up as that process dying
+instead of killing pytest) through the full path: validation, the CPU
+backend's load and one inference.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import MODELS_DIR, REPO_ROOT, shared_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SEEDS = ["add_quantized_uint8.tflite", "hello_world_int8.tflite", "split_concat.tflite",
+         "keras_lstm_mnist_ptq.tflite", "add_float.tflite",
+         "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"]
+CASE_TIMEOUT = 60.0
+
+pytestmark = pytest.mark.skipif(not MODELS_DIR.is_dir(),
+                                reason=f"test models folder {MODELS_DIR} is absent")
+
+
+class Worker:
+    def __init__(self):
+        self.proc = None
+
+    def ask(self, path: Path) -> str:
+        if self.proc is None or self.proc.poll() is not None:
+            env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.fuzz_worker"], cwd=REPO_ROOT, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True)
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], CASE_TIMEOUT)
+        if not ready:
+            self.proc.kill()
+            self.proc = None
+            return "HANG"
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            self.proc = None
+            return f"DIED {code}"
+        return line.rstrip("\n")
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker()
+    yield w
+    w.close()
+
+
+@st.composite
+def mutated(draw):
+    name = draw(st.sampled_from(SEEDS))
+    data = bytearray(shared_model(name).read_bytes())
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    for _ in range(draw(st.integers(0 if len(data) < len(shared_model(name).read_bytes()) else 1, 8))):
+        if not data:
+            break
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return name, bytes(data)
+
+
+def test_worker_answers_for_a_valid_and_an_invalid_model(worker, tmp_path):
+    assert worker.ask(shared_model("add_quantized_uint8.tflite")) == "OK"
+    assert worker.ask(shared_model("invalid/not_a_model.bin")).startswith("ModelError ")
+
+
+@settings(max_examples=int(os.environ.get("CORALRT_FUZZ_EXAMPLES", "200")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(case=mutated())
+def test_mutated_models_end_cleanly(worker, tmp_path, case):
+    name, data = case
+    path = tmp_path / "case.tflite"
+    path.write_bytes(data)
+    answer = worker.ask(path)
+    # InferenceError is the one other clean ending: a kernel that checks its
+    # parameters only when it runs (TFLite_Detection_PostProcess reading its
+    # custom options) rejects a damaged model at the first inference.
+    assert answer == "OK" or answer.startswith(("ModelError ", "InferenceError ")), (
+        f"mutation of {name} ({len(data)} bytes) ended with: {answer[:2000]}")
