@@ -14,7 +14,7 @@ import numpy as np
 
 from coralrt.backends import get_backend
 from coralrt.errors import ConfigError, InputError, ModelError, TargetUnavailableError
-from coralrt.model import Model, load_model, read_bytes
+from coralrt.model import Model, load_model
 from coralrt.tensors import TensorInfo
 
 __all__ = ["InferenceSession", "TARGETS"]
@@ -50,8 +50,8 @@ class InferenceSession:
             self.model = load_model(model)
             data = model.to_bytes()
         else:
-            data = read_bytes(model)
-            self.model = load_model(data)
+            self.model = load_model(model)  # errors name the file when given a path
+            data = self.model.source
         if target == "auto":
             # No Edge TPU driver is part of this build yet, so auto means CPU.
             log.info("target 'auto': running on the CPU (no Edge TPU device support available)")

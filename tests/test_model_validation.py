@@ -165,3 +165,50 @@ def test_two_writers_of_one_tensor():
     ops[1]["outputs"] = np.array(ops[0]["outputs"])
     with pytest.raises(ModelError, match="is written by operators 0 and 1"):
         load_tree(tree)
+
+
+@pytest.mark.parametrize("scale, zero_point, match", [
+    ([-0.5], [0], "negative or not finite"),
+    ([float("nan")], [0], "negative or not finite"),
+    ([0.0], [0], "scale is 0"),
+    ([0.004], [300], r"zero point \[300\] is outside the UINT8 range"),
+])
+def test_bad_quantization_parameters(scale, zero_point, match):
+    tree = tree_of("add_quantized_uint8.tflite")
+    q = tree["subgraphs"][0]["tensors"][1]["quantization"]
+    q["scale"], q["zero_point"] = np.array(scale, np.float32), np.array(zero_point, np.int64)
+    with pytest.raises(ModelError, match=match):
+        load_tree(tree)
+
+
+def test_scale_ratio_beyond_fixed_point_range():
+    tree = tree_of("add_quantized_uint8.tflite")
+    sg = tree["subgraphs"][0]
+    out = sg["operators"][1]["outputs"][0]  # UINT8 ADD (tensor 0 is a float tensor)
+    sg["tensors"][out]["quantization"]["scale"] = np.array([1e-15], np.float32)
+    with pytest.raises(ModelError, match="differ by a factor of"):
+        load_tree(tree)
+
+
+def test_split_count_must_match_outputs():
+    tree = tree_of("split_concat.tflite")
+    op = next(o for o in tree["subgraphs"][0]["operators"]
+              if max(tree["operator_codes"][o["opcode_index"]].values(), key=int) == 49)  # SPLIT
+    op["builtin_options"]["num_splits"] = 536870918
+    with pytest.raises(ModelError, match="num_splits=536870918 but the operator has"):
+        load_tree(tree)
+
+
+def test_quantized_arithmetic_needs_quantization_parameters():
+    tree = tree_of("add_quantized_uint8.tflite")
+    tree["subgraphs"][0]["tensors"][2].pop("quantization")
+    with pytest.raises(ModelError, match=r"UINT8 tensor 2 \('output'\) has no quantization"):
+        load_tree(tree)
+
+
+def test_operator_may_not_write_a_subgraph_input():
+    tree = tree_of("add_quantized_uint8.tflite")
+    sg = tree["subgraphs"][0]
+    sg["operators"][1]["outputs"] = np.array(sg["inputs"], np.int32)
+    with pytest.raises(ModelError, match="also an input of the subgraph"):
+        load_tree(tree)

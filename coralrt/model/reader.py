@@ -157,7 +157,7 @@ def _tensor(t: dict, where: str, buffers) -> Tensor:
 
 
 def _quantization(q: dict | None) -> Quantization | None:
-    if not q or (q.get("scale") is None and q.get("details") is None):
+    if not q or all(q.get(k) is None for k in ("scale", "zero_point", "details")):
         return None
     scale = q.get("scale")
     zp = q.get("zero_point")

@@ -8,7 +8,10 @@ operator) it found the problem.
 
 from __future__ import annotations
 
+import numpy as np
+
 from coralrt.errors import ModelError
+from coralrt.model.custom_options import check_known_custom_op
 from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Subgraph, Tensor, packed_size
 
 __all__ = ["validate"]
@@ -17,6 +20,26 @@ SCHEMA_VERSION = 3
 _MAX_RANK = 16
 # TFLite flatbuffers, arenas and kernels index tensors with 32-bit sizes.
 _MAX_TENSOR_BYTES = 2**31 - 1
+_ZERO_POINT_RANGE = {"UINT8": (0, 255), "INT8": (-128, 127), "INT16": (-32768, 32767),
+                     "INT32": (-(2**31), 2**31 - 1)}
+# Input/output scale ratios of real quantized models stay within a few
+# hundred; these bounds leave ample room while keeping fixed-point shifts valid.
+_MIN_RATIO, _MAX_RATIO = 2.0**-24, 2.0**18
+# Operators that only move or compare 8-bit values and need no scale.
+_TYPE_ONLY_OPS = frozenset({
+    "CAST", "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "GATHER", "GATHER_ND", "TRANSPOSE", "SLICE",
+    "STRIDED_SLICE", "SHAPE", "TILE", "BROADCAST_TO", "PACK", "UNPACK", "SPLIT", "SPLIT_V",
+    "PAD", "PADV2", "MIRROR_PAD", "ARG_MAX", "ARG_MIN", "EQUAL", "NOT_EQUAL", "LESS",
+    "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "SELECT", "SELECT_V2", "ZEROS_LIKE", "FILL",
+    "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BATCH_TO_SPACE_ND", "SPACE_TO_BATCH_ND",
+    "REVERSE_V2", "WHERE", "TOPK_V2", "ONE_HOT", "BITCAST", "RANK", "SCATTER_ND",
+    "WHILE", "IF", "CALL_ONCE", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE",
+})
+# Options that must equal a count of the operator's tensors.
+_COUNT_OPTIONS = {
+    "SPLIT": (("num_splits", "outputs"),), "SPLIT_V": (("num_splits", "outputs"),),
+    "PACK": (("values_count", "inputs"),), "UNPACK": (("num", "outputs"),),
+}
 
 
 def validate(model: Model) -> None:
@@ -57,6 +80,7 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                 raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph has "
                                  f"{n} tensors)", where=where)
     produced: dict[int, int] = {}
+    inputs = set(sg.inputs)
     for oi, op in enumerate(sg.operators):
         owhere = f"{where}, operator {oi} ({op.name})"
         if not op.opcode.is_custom and op.opcode.builtin_code not in BUILTIN_NAMES:
@@ -77,11 +101,80 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
             produced[i] = oi
             if sg.tensors[i].is_constant:
                 raise ModelError(f"output tensor {i} is a constant", where=owhere)
+            if i in inputs:
+                raise ModelError(f"output tensor {i} is also an input of the subgraph",
+                                 where=owhere)
+        for option, side in _COUNT_OPTIONS.get(op.name, ()):
+            n_tensors = len(op.inputs if side == "inputs" else op.outputs)
+            if op.options.get(option) != n_tensors:
+                raise ModelError(f"option {option}={op.options.get(option)} but the operator "
+                                 f"has {n_tensors} {side}", where=owhere)
+        _check_rescale(sg, op, owhere)
+        _check_quantized_operands(sg, op, owhere)
+        if op.opcode.is_custom:
+            check_known_custom_op(sg, op, owhere)
         for key, value in op.options.items():
             if key.endswith("subgraph_index") or (key == "subgraph" and op.name == "CALL"):
                 if not 0 <= value < n_sub:
                     raise ModelError(f"{key} {value} is out of range (the model has {n_sub} "
                                      f"subgraphs)", where=owhere)
+
+
+def _scale(sg: Subgraph, i: int) -> float | None:
+    t = sg.tensors[i]
+    q = t.quantization
+    if q is None or q.scale.size != 1 or t.is_constant or t.type_name not in _ZERO_POINT_RANGE:
+        return None
+    return float(q.scale[0])
+
+
+def _check_rescale(sg: Subgraph, op, where: str) -> None:
+    # Quantized kernels turn scale ratios into fixed-point multipliers and
+    # shifts at prepare time; ratios far outside what any trained model has
+    # overflow those shifts inside the native code instead of failing cleanly.
+    outs = [s for s in (_scale(sg, o) for o in op.outputs) if s]
+    if not outs:
+        return
+    for i in op.inputs:
+        s_in = _scale(sg, i) if i >= 0 else None
+        if s_in:
+            ratio = s_in / outs[0]
+            if not _MIN_RATIO <= ratio <= _MAX_RATIO:
+                raise ModelError(f"input scale {s_in:g} and output scale {outs[0]:g} differ by a "
+                                 f"factor of {ratio:g}, outside what quantized kernels can "
+                                 f"represent", where=where)
+
+
+def _check_quantized_operands(sg: Subgraph, op, where: str) -> None:
+    # Quantized kernels read scale and zero point without checking they exist
+    # and abort the process when they do not.
+    if op.opcode.is_custom or op.name in _TYPE_ONLY_OPS:
+        return
+    for i in (*op.inputs, *op.outputs):
+        if i < 0:
+            continue
+        t = sg.tensors[i]
+        if t.type_name in ("UINT8", "INT8") and not t.is_constant and (
+                t.quantization is None or not t.quantization.scale.size):
+            raise ModelError(f"{t.type_name} tensor {i} ({t.name!r}) has no quantization "
+                             f"parameters, which {op.name} needs", where=where)
+
+
+def _check_quantization(t: Tensor, where: str) -> None:
+    q = t.quantization
+    if q is None or not q.scale.size:
+        return
+    if not np.all(np.isfinite(q.scale)) or np.any(q.scale < 0):
+        raise ModelError(f"quantization scale {q.scale[:4].tolist()} is negative or not finite",
+                         where=where)
+    limits = _ZERO_POINT_RANGE.get(t.type_name)
+    if limits is not None and q.zero_point.size:
+        if np.any(q.scale == 0) and t.type_name != "INT32":
+            raise ModelError("quantization scale is 0", where=where)
+        lo, hi = limits
+        if q.zero_point.min() < lo or q.zero_point.max() > hi:
+            raise ModelError(f"zero point {q.zero_point[:4].tolist()} is outside the "
+                             f"{t.type_name} range [{lo}, {hi}]", where=where)
 
 
 def _check_tensor(t: Tensor, where: str) -> None:
@@ -107,6 +200,7 @@ def _check_tensor(t: Tensor, where: str) -> None:
         if want is not None and want != t.buffer.nbytes:
             raise ModelError(f"constant data has {t.buffer.nbytes} bytes but shape "
                              f"{list(t.shape)} of {t.type_name} needs {want}", where=where)
+    _check_quantization(t, where)
     q = t.quantization
     if q is not None and q.scale.size:
         if q.zero_point.size not in (0, q.scale.size):

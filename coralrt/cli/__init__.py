@@ -1,0 +1,7 @@
+"""The ``coralrt`` command line: ``coralrt inspect | run | demo``.
+
+The entry point is :func:`coralrt.cli.main.main`.  Each command lives in its
+own module with an ``add_parser`` function and a ``command`` function; the
+helpers that build results (``inspect_cmd.model_report``) are importable so
+that other commands and tests share them.
+"""

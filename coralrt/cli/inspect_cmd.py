@@ -1,0 +1,130 @@
+"""``coralrt inspect MODEL``: what a .tflite file contains, without running it.
+
+:func:`model_report` builds the JSON-ready description; the text output is a
+rendering of that same dict, so both forms always say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from coralrt.cli._text import dumps, shape_str, size_str, table
+from coralrt.model import Model, load_model
+from coralrt.tensors import TensorInfo
+
+__all__ = ["add_parser", "command", "model_report", "format_report"]
+
+
+def add_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "inspect", parents=parents, help="describe a .tflite model",
+        description="Describe a .tflite model: inputs and outputs with their quantization, "
+                    "operators, custom operators, size, and whether edgetpu_compiler "
+                    "produced it. Nothing is run.")
+    p.add_argument("model", metavar="MODEL", help="path of the .tflite file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=command)
+
+
+def command(args) -> int:
+    report = model_report(args.model)
+    if args.json:
+        print(dumps(report))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _parameter_bytes(model: Model) -> int:
+    # Count each buffer once: several tensors (or subgraphs) may share one.
+    seen: dict[int, int] = {}
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            if t.is_constant:
+                seen[id(t.buffer)] = t.buffer.nbytes
+    return sum(seen.values())
+
+
+def model_report(path) -> dict:
+    """The description ``coralrt inspect --json`` prints, for a model file.
+
+    Raises :class:`~coralrt.errors.ModelError` for files that are not valid
+    TFLite models.
+    """
+    # load_model on the path (not on bytes) so that its errors name the file.
+    model = load_model(Path(path))
+    size = len(model.source) if model.source is not None else Path(path).stat().st_size
+    sg = model.main
+    ops = Counter(op.name or "CUSTOM" for g in model.subgraphs for op in g.operators)
+    custom = [op for g in model.subgraphs for op in g.operators if op.opcode.is_custom]
+    custom_names = list(dict.fromkeys(op.name or "CUSTOM" for op in custom))
+    return {
+        "path": str(path),
+        "size_bytes": size,
+        "description": model.description,
+        "schema_version": model.version,
+        "edgetpu_compiled": model.is_edgetpu_compiled,
+        "subgraphs": len(model.subgraphs),
+        "tensors": sum(len(g.tensors) for g in model.subgraphs),
+        "operator_count": sum(ops.values()),
+        # Most frequent first; ties keep first-use order (Counter preserves it).
+        "operators": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+        "custom_ops": custom_names,
+        "custom_op_count": len(custom),
+        "parameter_bytes": _parameter_bytes(model),
+        "signatures": [s.key for s in model.signatures],
+        "inputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.inputs],
+        "outputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.outputs],
+    }
+
+
+def _quant_cells(d: dict) -> list[str]:
+    q = d["quantization"]
+    if "scales" in q:
+        n, axis = len(q["scales"]), q["quantized_dimension"]
+        return [f"per-channel ({n} scales, axis {axis})", ""]
+    if q["scale"] == 0.0:
+        return ["-", "-"]
+    return [f"{q['scale']:.6g}", str(q["zero_point"])]
+
+
+def _tensor_table(tensors: list[dict]) -> str:
+    rows = []
+    for d in tensors:
+        shape = shape_str(d["shape"])
+        if "shape_signature" in d:
+            shape += " (" + shape_str(d["shape_signature"]).replace("-1", "?") + ")"
+        rows.append([d["name"], shape, d["dtype"], *_quant_cells(d)])
+    return table(["name", "shape", "dtype", "scale", "zero point"], rows, right={4})
+
+
+def format_report(r: dict) -> str:
+    """The human-readable form of :func:`model_report`."""
+    if r["edgetpu_compiled"]:
+        n = r["operators"].get("edgetpu-custom-op", 0)
+        tpu = f"yes ({n} edgetpu-custom-op)"
+    else:
+        tpu = "no"
+    custom = ", ".join(r["custom_ops"]) if r["custom_ops"] else "none"
+    head = [
+        ["file", r["path"]],
+        ["size", size_str(r["size_bytes"])],
+        ["edgetpu compiled", tpu],
+        ["subgraphs", str(r["subgraphs"])],
+        ["tensors", str(r["tensors"])],
+        ["operators", str(r["operator_count"])],
+        ["custom ops", f"{r['custom_op_count']} ({custom})" if r["custom_op_count"] else "none"],
+        ["parameters", size_str(r["parameter_bytes"])],
+    ]
+    if r["signatures"]:
+        head.append(["signatures", ", ".join(r["signatures"])])
+    if r["description"]:
+        head.append(["description", r["description"]])
+    lines = [table(None, head, indent=""), ""]
+    lines += [f"inputs ({len(r['inputs'])})", _tensor_table(r["inputs"]), ""]
+    lines += [f"outputs ({len(r['outputs'])})", _tensor_table(r["outputs"]), ""]
+    op_rows = [[name, count] for name, count in r["operators"].items()]
+    lines += [f"operators ({r['operator_count']})", table(["operator", "count"], op_rows,
+                                                           right={1})]
+    return "\n".join(lines)
