@@ -64,6 +64,12 @@ def _detection_postprocess(sg: Subgraph, op: Operator, where: str) -> None:
     if not (boxes[1] == scores[1] == anchors[0]) or boxes[2] != 4 or anchors[1] != 4:
         raise ModelError(f"TFLite_Detection_PostProcess shapes disagree: boxes {list(boxes)}, "
                          f"scores {list(scores)}, anchors {list(anchors)}", where=where)
+    n_boxes = boxes[1]
+    for key, limit in (("max_classes_per_detection", num_classes),
+                       ("max_detections", n_boxes), ("detections_per_class", n_boxes)):
+        if key in opts and isinstance(opts[key], int) and opts[key] > limit:
+            raise ModelError(f"TFLite_Detection_PostProcess option {key}={opts[key]} exceeds "
+                             f"{limit}", where=where)
     if scores[2] not in (num_classes, num_classes + 1):
         raise ModelError(f"TFLite_Detection_PostProcess has num_classes={num_classes} but "
                          f"scores for {scores[2]} classes", where=where)

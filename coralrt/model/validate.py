@@ -12,6 +12,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt.model.custom_options import check_known_custom_op
+from coralrt.model.op_checks import check_builtin_op
 from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Subgraph, Tensor, packed_size
 
 __all__ = ["validate"]
@@ -113,6 +114,8 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
         _check_quantized_operands(sg, op, owhere)
         if op.opcode.is_custom:
             check_known_custom_op(sg, op, owhere)
+        else:
+            check_builtin_op(sg, op, owhere)
         for key, value in op.options.items():
             if key.endswith("subgraph_index") or (key == "subgraph" and op.name == "CALL"):
                 if not 0 <= value < n_sub:
