@@ -153,12 +153,21 @@ def _check_quantized_operands(sg: Subgraph, op, where: str) -> None:
     # and abort the process when they do not.
     if op.opcode.is_custom or op.name in _TYPE_ONLY_OPS:
         return
-    for i in (*op.inputs, *op.outputs):
-        if i < 0:
-            continue
+    operands = [i for i in (*op.inputs, *op.outputs) if i >= 0]
+    if op.name == "DEQUANTIZE":
+        operands = [i for i in op.inputs if i >= 0]
+    elif op.name == "QUANTIZE":
+        operands = [i for i in op.outputs] + [i for i in op.inputs if i >= 0 and
+                                              sg.tensors[i].type_name in ("UINT8", "INT8")]
+    # The kernel's type follows its first input: an 8-bit kernel reads the
+    # quantization of every operand, whatever type the operand declares.
+    first = sg.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
+    eight_bit_kernel = first is not None and first.type_name in ("UINT8", "INT8")
+    for i in operands:
         t = sg.tensors[i]
-        if t.type_name in ("UINT8", "INT8") and not t.is_constant and (
-                t.quantization is None or not t.quantization.scale.size):
+        if t.is_constant or (t.type_name not in ("UINT8", "INT8") and not eight_bit_kernel):
+            continue
+        if t.quantization is None or not t.quantization.scale.size:
             raise ModelError(f"{t.type_name} tensor {i} ({t.name!r}) has no quantization "
                              f"parameters, which {op.name} needs", where=where)
 
