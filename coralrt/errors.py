@@ -19,6 +19,9 @@ __all__ = [
     "InferenceError",
     "ConfigError",
     "TargetUnavailableError",
+    "SegmentFormatError",
+    "SegmentTooLargeError",
+    "CacheLockTimeoutError",
 ]
 
 
@@ -92,3 +95,47 @@ class ConfigError(CoralRTError, ValueError):
 
 class TargetUnavailableError(CoralRTError, NotImplementedError):
     """The requested target cannot run in this installation or version."""
+
+
+class CacheLockTimeoutError(CoralRTError, TimeoutError):
+    """Waiting for another process to finish compiling the same model took too long.
+
+    ``path`` is the lock file and ``timeout`` the seconds waited.
+    """
+
+    def __init__(self, path, timeout: float):
+        self.path = str(path)
+        self.timeout = timeout
+        super().__init__(
+            f"gave up after {timeout:g} s waiting for the compile cache lock {self.path}: "
+            f"another process is still compiling the same model; wait for it to finish, "
+            f"or stop it and try again")
+
+
+class SegmentFormatError(ModelError):
+    """A native Edge TPU segment cannot be encoded, or its bytes are not a valid segment.
+
+    Raised by :func:`coralrt.compile.segment.decode` for every defect in the
+    input (wrong magic, unsupported format version, truncation, checksum
+    mismatch, an offset or id out of range), and by ``build_segment`` /
+    ``encode`` when a model holds something the format cannot represent.
+    A cache treats it as a miss and rebuilds the segment.
+    """
+
+
+class SegmentTooLargeError(ModelError):
+    """A segment's activations do not fit in the Edge TPU's on-chip memory.
+
+    ``required_bytes`` is the activation peak of the memory plan and
+    ``limit_bytes`` the on-chip memory it had to fit in; the partitioner
+    reacts by cutting the segment into smaller ones.
+    """
+
+    def __init__(self, required_bytes: int, limit_bytes: int, *, where: str | None = None):
+        self.required_bytes = required_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"the segment needs {required_bytes} bytes ({required_bytes / 2**20:.2f} MiB) of "
+            f"on-chip activation memory but the Edge TPU has {limit_bytes} bytes "
+            f"({limit_bytes / 2**20:.2f} MiB); split it into smaller segments",
+            where=where)

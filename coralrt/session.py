@@ -22,6 +22,8 @@ __all__ = ["InferenceSession", "TARGETS"]
 log = logging.getLogger("coralrt.session")
 
 TARGETS = ("cpu", "sim", "coral", "auto")
+_COMPILED_ELSEWHERE = ("this model was compiled by edgetpu_compiler (it contains "
+                       "edgetpu-custom-op) and only runs on an Edge TPU")
 
 
 class InferenceSession:
@@ -35,6 +37,13 @@ class InferenceSession:
         ``None`` picks the first installed.
     :param cpu_kernels: ``"optimized"`` (default) or ``"reference"`` (TFLite's
         reference kernels, ``BUILTIN_REF``).
+    :param partition_mode: ``"multi"`` (default) or ``"compat"``, for the
+        just-in-time compiler (``sim`` and ``coral`` targets).
+    :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
+        the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
+
+    ``compile_info`` is None on the CPU target; otherwise a dict with at least
+    ``cache_hit``, ``compile_seconds`` and ``key``.
 
     Raises :class:`~coralrt.errors.ModelError` for invalid models,
     :class:`~coralrt.errors.UnsupportedOperatorError` for operators nothing
@@ -43,7 +52,8 @@ class InferenceSession:
     """
 
     def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
-                 backend: str | None = None, cpu_kernels: str = "optimized"):
+                 backend: str | None = None, cpu_kernels: str = "optimized",
+                 partition_mode: str = "multi", cache=None):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         if isinstance(model, Model):
@@ -56,15 +66,27 @@ class InferenceSession:
             # No Edge TPU driver is part of this build yet, so auto means CPU.
             log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
             target = "cpu"
-        if target in ("sim", "coral"):
+        self.compile_info: dict | None = None
+        if target == "sim":
+            from coralrt.compile.jit import jit_compile
+            if self.model.is_edgetpu_compiled:
+                raise ModelError(_COMPILED_ELSEWHERE + " (it needs target='coral')")
+            self.compile_info = jit_compile(self.model, data, mode=partition_mode,
+                                            cache=cache).compile_info
+            err = TargetUnavailableError(
+                "the model was compiled for the Edge TPU "
+                f"({self.compile_info['segments']} segment(s), "
+                f"{'from the cache' if self.compile_info['cache_hit'] else 'compiled now'}), "
+                "but this version of coralrt cannot run the simulated Edge TPU yet; use "
+                "target='cpu'")
+            err.compile_info = self.compile_info
+            raise err
+        if target == "coral":
             raise TargetUnavailableError(
-                f"target {target!r} is not available in this version of coralrt; "
-                f"use target='cpu'")
+                "target 'coral' is not available in this version of coralrt; use target='cpu'")
         if self.model.is_edgetpu_compiled:
-            raise ModelError(
-                "this model was compiled by edgetpu_compiler (it contains "
-                "edgetpu-custom-op) and only runs on an Edge TPU; use the plain, "
-                "uncompiled .tflite with target='cpu'")
+            raise ModelError(_COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
+                             "target='cpu'")
         self.target = target
         self._backend = get_backend(backend)
         self._program = self._backend.load(data, num_threads=num_threads, kernels=cpu_kernels)

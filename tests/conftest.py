@@ -93,3 +93,10 @@ def random_inputs(tensors, seed: int = 0) -> list:
         else:
             out.append(rng.standard_normal(t.shape).astype(dt))
     return out
+
+
+@pytest.fixture(autouse=True)
+def _private_compile_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own compile cache, never the user's."""
+    monkeypatch.setenv("CORALRT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("CORALRT_CACHE", raising=False)

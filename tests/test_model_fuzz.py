@@ -84,7 +84,10 @@ def test_worker_answers_for_a_valid_and_an_invalid_model(worker, tmp_path):
     assert worker.ask(shared_model("invalid/not_a_model.bin")).startswith("ModelError ")
 
 
+# In CI the examples are derandomized, so a run is reproducible; locally each run
+# explores new mutations (and tools/fuzz_models.py runs long campaigns).
 @settings(max_examples=int(os.environ.get("CORALRT_FUZZ_EXAMPLES", "200")), deadline=None,
+          derandomize=bool(os.environ.get("CI")),
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(case=mutated())

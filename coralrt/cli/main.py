@@ -15,13 +15,15 @@ import os
 import sys
 import traceback
 
-from coralrt.cli import demo_cmd, inspect_cmd, run_cmd
+from coralrt.cli import (
+    cache_cmd, compile_cmd, demo_cmd, inspect_cmd, partition_cmd, run_cmd,
+)
 from coralrt.errors import CoralRTError, ModelError
 
 __all__ = ["main", "build_parser"]
 
 PROG = "coralrt"
-_COMMANDS = (inspect_cmd, run_cmd, demo_cmd)
+_COMMANDS = (inspect_cmd, partition_cmd, compile_cmd, run_cmd, demo_cmd, cache_cmd)
 
 
 def _version() -> str:

@@ -75,7 +75,7 @@ class ModelBuilder:
         """Add a tensor and return its index.  ``data`` makes it a constant."""
         buf = None
         if data is not None:
-            arr = np.ascontiguousarray(data, dtype=np.dtype(dtype).newbyteorder("<"))
+            arr = np.asarray(data, dtype=np.dtype(dtype).newbyteorder("<"), order="C")
             if tuple(arr.shape) != tuple(shape):
                 raise ValueError(f"data of shape {arr.shape} for tensor {name!r} of shape "
                                  f"{tuple(shape)}")

@@ -47,7 +47,26 @@ def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
         raise ModelError(f"RESHAPE of {n_in} elements to {new_shape}", where=where)
 
 
-_CHECKS = {"RESHAPE": _reshape}
+def _fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
+    if len(op.inputs) < 2 or min(op.inputs[:2]) < 0 or not op.outputs:
+        raise ModelError("FULLY_CONNECTED needs an input, weights and an output", where=where)
+    x, w = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[1]]
+    if len(w.shape) != 2 or w.shape[1] == 0:
+        raise ModelError(f"FULLY_CONNECTED weights of shape {list(w.shape)} are not 2-D",
+                         where=where)
+    n_in, (units, depth) = math.prod(x.shape), w.shape
+    if n_in % depth:
+        raise ModelError(f"FULLY_CONNECTED input of {n_in} elements is not a multiple of the "
+                         f"weights' depth {depth}", where=where)
+    # The kernel sizes its output from the input batch; a declared output that
+    # disagrees means the file is inconsistent (and the kernel would write past it).
+    n_out = math.prod(sg.tensors[op.outputs[0]].shape)
+    if n_out != n_in // depth * units:
+        raise ModelError(f"FULLY_CONNECTED output of {n_out} elements, but {n_in} inputs and "
+                         f"{units}x{depth} weights give {n_in // depth * units}", where=where)
+
+
+_CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected}
 
 
 def check_builtin_op(sg: Subgraph, op: Operator, where: str) -> None:

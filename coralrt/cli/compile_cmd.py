@@ -1,0 +1,57 @@
+"""``coralrt compile MODEL``: compile ahead of time with the native compiler.
+
+Writes ``<name>_coralrt.tflite`` (each Edge TPU segment one ``coralrt-segment``
+operator) and ``<name>_coralrt.log`` in the layout of edgetpu_compiler's log.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from coralrt.compile.native import compile_log, compile_model
+from coralrt.compile.partition import MODES
+from coralrt.model import load_model
+
+__all__ = ["add_parser", "command"]
+
+log = logging.getLogger("coralrt.cli")
+
+
+def add_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "compile", parents=parents, help="compile a model's Edge TPU segments ahead of time",
+        description="Partition a plain quantized model and compile every Edge TPU segment "
+                    "with coralrt's native compiler. The output model runs with "
+                    "target='sim'; the log lists every operator's status.")
+    p.add_argument("model", metavar="MODEL", help="path of a plain (not yet compiled) .tflite")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="output .tflite path (default: MODEL's name with _coralrt, in the "
+                        "current directory); the log is written next to it as .log")
+    p.add_argument("--mode", choices=MODES, default="multi",
+                   help="partition mode (default: multi)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.set_defaults(func=command)
+
+
+def command(args) -> int:
+    src = Path(args.model)
+    out = Path(args.output) if args.output else Path.cwd() / f"{src.stem}_coralrt.tflite"
+    if out.exists() and not args.force:
+        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    model = load_model(src)
+    log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), args.mode)
+    result = compile_model(model, mode=args.mode)
+    data = result.to_bytes()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(out)
+    text = compile_log(result, input_name=str(src), input_size=len(model.source or b""),
+                       output_name=str(out), output_size=len(data))
+    log_path = out.with_suffix(".log")
+    log_path.write_text(text)
+    summary, _, _ = text.partition("\nOperator ")
+    print(summary.rstrip())
+    print(f"Operation log: {log_path}")
+    return 0

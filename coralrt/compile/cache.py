@@ -1,0 +1,371 @@
+"""The on-disk compile cache: compiled segments, keyed by what produced them.
+
+An entry is two files, ``<root>/v<format>/<key[:2]>/<key>.bin`` (the raw
+bytes) and ``<key>.json`` (the caller's metadata plus ``size``, ``sha256``,
+``created`` and ``format``).  Nothing is pickled: loading a cache entry never
+runs code.
+
+Writers put each file in place with temp file + fsync + rename, data first,
+JSON last, so the JSON is the commit record: a reader that finds it finds the
+whole data next to it.  An entry that fails verification (unparsable JSON,
+wrong size, wrong checksum) is logged as corrupt, deleted and rebuilt.
+Concurrent compiles of one key are serialised by a lock file next to the
+entry, so N processes asking for the same model compile it once.  Errors
+while writing (read-only folder, full disk) cost the cache, never the compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
+
+from coralrt import config
+from coralrt.errors import CacheLockTimeoutError
+
+__all__ = ["CACHE_FORMAT_VERSION", "Entry", "CompileCache", "make_key"]
+
+CACHE_FORMAT_VERSION = 1
+
+log = logging.getLogger("coralrt.cache")
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_RESERVED = ("size", "sha256", "created", "format")
+_VERSION_DIR = re.compile(r"v\d+")
+_SHARD_DIR = re.compile(r"[0-9a-f]{2}")
+
+
+def _canonical_json(obj) -> bytes:
+    # Sorted keys, no whitespace, ASCII only: the same bytes on every Python.
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def make_key(model_bytes: bytes, *, options: dict, compiler_id: str,
+             compiler_version: str) -> str:
+    """The cache key (64 hex digits) of compiling ``model_bytes`` with these settings.
+
+    ``options`` must be JSON-serialisable (the partition options); any change
+    to the model, the options, the compiler or the cache format gives a new key.
+    """
+    parts = {"options": options, "compiler_id": compiler_id,
+             "compiler_version": compiler_version, "format": CACHE_FORMAT_VERSION}
+    try:
+        text = _canonical_json(parts)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"cache key parts must be plain JSON values: {e}") from e
+    h = hashlib.sha256(hashlib.sha256(model_bytes).hexdigest().encode("ascii"))
+    h.update(b"\0")
+    h.update(text)
+    return h.hexdigest()
+
+
+@dataclass
+class Entry:
+    """A cached build: the raw bytes and the metadata stored next to them."""
+
+    data: bytes = field(repr=False)
+    meta: dict
+
+
+class _Changed(Exception):
+    """The entry was replaced or removed while it was being read."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(Path(tmp))
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the renames durable; not every platform can open or fsync a folder.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+class CompileCache:
+    """Compiled segments on disk, with atomic writes, a build lock and an LRU size cap.
+
+    ``directory``, ``max_bytes`` and ``enabled`` default to
+    :mod:`coralrt.config` (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE_MAX_BYTES``,
+    ``CORALRT_CACHE``).  ``lock_timeout`` is how long to wait, in seconds, for
+    another process compiling the same key.
+    """
+
+    def __init__(self, directory: Path | str | None = None, *, max_bytes: int | None = None,
+                 enabled: bool | None = None, lock_timeout: float = 600.0):
+        self.root = Path(directory) if directory is not None else config.cache_dir()
+        self.max_bytes = int(max_bytes) if max_bytes is not None else config.cache_max_bytes()
+        self.enabled = bool(enabled) if enabled is not None else config.cache_enabled()
+        self.lock_timeout = lock_timeout
+        self.path = self.root / f"v{CACHE_FORMAT_VERSION}"
+
+    def __repr__(self) -> str:
+        return (f"CompileCache({str(self.root)!r}, max_bytes={self.max_bytes}, "
+                f"enabled={self.enabled})")
+
+    def _files(self, key: str) -> tuple[Path, Path, Path]:
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise ValueError(f"cache key must be 64 lowercase hex digits (see make_key), "
+                             f"got {key!r}")
+        d = self.path / key[:2]
+        return d, d / f"{key}.bin", d / f"{key}.json"
+
+    def _record(self, data: bytes, meta: dict) -> dict:
+        clash = [k for k in _RESERVED if k in meta]
+        if clash:
+            raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
+                             f"records them itself")
+        return {**meta, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                "created": time.time(), "format": CACHE_FORMAT_VERSION}
+
+    def _unstored(self, data: bytes, meta: dict) -> Entry:
+        return Entry(bytes(data), self._record(data, meta))
+
+    def get(self, key: str) -> Entry | None:
+        """The entry stored under ``key``, or None (absent, disabled or corrupt)."""
+        _, bin_path, json_path = self._files(key)
+        if not self.enabled:
+            return None
+        for _ in range(3):
+            try:
+                return self._read(key, bin_path, json_path)
+            except _Changed:
+                continue  # a writer or an eviction got in between: look again
+        return None
+
+    def _read(self, key: str, bin_path: Path, json_path: Path) -> Entry | None:
+        try:
+            jf = open(json_path, "rb")
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # absent, or its data is still being written
+        except OSError as e:
+            return self._corrupt(key, f"cannot read {json_path.name}: {e}")
+        # The JSON file stays open while the data is read, so its inode cannot
+        # be reused: comparing it with the path afterwards tells whether
+        # someone replaced or removed the entry meanwhile.
+        with jf:
+            before = os.fstat(jf.fileno())
+            problem = None
+            try:
+                meta = json.loads(jf.read())
+                if not isinstance(meta, dict):
+                    raise ValueError("not a JSON object")
+                size, digest = meta["size"], meta["sha256"]
+                if meta["format"] != CACHE_FORMAT_VERSION:
+                    raise ValueError(f"format {meta['format']!r}")
+            except (OSError, ValueError, KeyError) as e:
+                problem = f"{json_path.name} is not valid metadata ({e})"
+            if problem is None:
+                try:
+                    data = bin_path.read_bytes()
+                except OSError as e:
+                    problem = f"cannot read {bin_path.name} ({e.strerror or e})"
+                else:
+                    if len(data) != size:
+                        problem = f"{bin_path.name} has {len(data)} bytes, expected {size}"
+                    elif hashlib.sha256(data).hexdigest() != digest:
+                        problem = f"{bin_path.name} does not match its sha256"
+            if problem is not None:
+                try:
+                    now = os.stat(json_path)
+                except OSError:
+                    raise _Changed from None
+                if (now.st_ino, now.st_mtime_ns) != (before.st_ino, before.st_mtime_ns):
+                    raise _Changed
+                return self._corrupt(key, problem)
+        try:
+            os.utime(bin_path)  # the LRU clock
+        except OSError:
+            pass  # a read-only cache still serves hits
+        return Entry(data, meta)
+
+    def _corrupt(self, key: str, problem: str) -> None:
+        log.warning("corrupt cache entry %s in %s: %s; rebuilding", key, self.path, problem)
+        _, bin_path, json_path = self._files(key)
+        for p in (json_path, bin_path):  # the JSON first: never a JSON without its data
+            try:
+                _unlink(p)
+            except OSError as e:
+                log.warning("cannot remove corrupt cache file %s: %s", p, e)
+        return None
+
+    def put(self, key: str, data: bytes, meta: dict) -> Entry:
+        """Store ``data`` with ``meta`` under ``key``; raises OSError if it cannot be written."""
+        d, bin_path, json_path = self._files(key)
+        data = bytes(data)
+        record = self._record(data, meta)
+        text = _canonical_json(record)  # before touching the disk: bad meta writes nothing
+        if not self.enabled:
+            return Entry(data, record)  # nothing is stored
+        d.mkdir(parents=True, exist_ok=True)
+        # Retire an old record first, so that no reader pairs it with the new data.
+        _unlink(json_path)
+        _write_atomic(bin_path, data)
+        _write_atomic(json_path, text)
+        _fsync_dir(d)
+        return Entry(data, record)
+
+    def get_or_build(self, key: str,
+                     build: Callable[[], tuple[bytes, dict]]) -> tuple[Entry, bool]:
+        """The entry for ``key`` and whether it came from the cache.
+
+        On a miss ``build()`` returns ``(data, meta)``; across processes only
+        one builds a given key at a time, the others wait and then read its
+        result.  Raises :class:`~coralrt.errors.CacheLockTimeoutError` after
+        ``lock_timeout`` seconds of waiting.
+        """
+        entry = self.get(key)
+        if entry is not None:
+            return entry, True
+        if not self.enabled:
+            return self._unstored(*build()), False
+        d, _, _ = self._files(key)
+        lock_path = d / f"{key}.lock"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(lock_path, timeout=self.lock_timeout)
+            lock.acquire()
+        except Timeout:
+            raise CacheLockTimeoutError(lock_path, self.lock_timeout) from None
+        except OSError as e:
+            log.warning("compile cache %s is not usable (%s); building without it",
+                        self.path, e)
+            return self._unstored(*build()), False
+        try:
+            entry = self.get(key)
+            if entry is not None:
+                return entry, True  # another process built it while we waited
+            data, meta = build()
+            try:
+                entry = self.put(key, data, meta)
+            except OSError as e:
+                log.warning("cannot write compile cache entry %s in %s: %s", key, self.path, e)
+                return self._unstored(data, meta), False
+        finally:
+            lock.release()
+        try:
+            self.evict(keep=key)
+        except OSError as e:
+            log.warning("cannot evict from compile cache %s: %s", self.path, e)
+        return entry, False
+
+    def _walk(self, versions: list[Path]) -> Iterator[tuple[Path, list[Path]]]:
+        """``(shard folder, its files)`` under the given version folders; only
+        names coralrt writes, so a cache folder shared with other files is safe."""
+        for version in versions:
+            shards = version.iterdir() if version.is_dir() else ()
+            for shard in shards:
+                if _SHARD_DIR.fullmatch(shard.name) and shard.is_dir():
+                    yield shard, list(shard.iterdir())
+
+    def _scan(self) -> dict[str, tuple[int, float]]:
+        """``key -> (bytes on disk, last use)`` for every entry of this format."""
+        found: dict[str, tuple[int, float]] = {}
+        for _, files in self._walk([self.path]):
+            for f in files:
+                if f.suffix in (".bin", ".json") and _KEY.fullmatch(f.stem):
+                    try:
+                        st = f.stat()
+                    except FileNotFoundError:
+                        continue
+                    size, used = found.get(f.stem, (0, 0.0))
+                    # The .bin's mtime is the LRU clock; a lone .json counts by its own.
+                    used = st.st_mtime if f.suffix == ".bin" or not used else used
+                    found[f.stem] = (size + st.st_size, used)
+        return found
+
+    def evict(self, *, keep: str | None = None) -> int:
+        """Remove least recently used entries until the cache fits ``max_bytes``.
+
+        ``keep`` (the entry just written) is never removed.  Returns the
+        number of entries removed.
+        """
+        entries = self._scan()
+        total = sum(size for size, _ in entries.values())
+        removed = 0
+        for key, (size, _) in sorted(entries.items(), key=lambda kv: kv[1][1]):
+            if total <= self.max_bytes:
+                break
+            if key == keep:
+                continue
+            _, bin_path, json_path = self._files(key)
+            _unlink(json_path)
+            _unlink(bin_path)
+            total -= size
+            removed += 1
+            log.debug("evicted cache entry %s (%d bytes)", key, size)
+        return removed
+
+    def info(self) -> dict:
+        """What ``coralrt cache info`` reports."""
+        entries = self._scan()
+        return {"directory": str(self.root), "enabled": self.enabled,
+                "entries": len(entries), "total_bytes": sum(s for s, _ in entries.values()),
+                "max_bytes": self.max_bytes, "format_version": CACHE_FORMAT_VERSION}
+
+    def clear(self) -> int:
+        """Remove every entry (of every format version) and leftover temp and lock
+        files; returns the number of entries removed.  Files coralrt did not
+        write are left alone."""
+        versions = [v for v in (self.root.iterdir() if self.root.is_dir() else ())
+                    if _VERSION_DIR.fullmatch(v.name)]
+        removed: set[Path] = set()
+        for shard, files in self._walk(versions):
+            for f in files:
+                keyed = _KEY.fullmatch(f.stem)
+                if keyed and f.suffix in (".bin", ".json"):
+                    if _unlink(f):
+                        removed.add(f.with_suffix(""))
+                elif f.name.startswith(".") and f.name.endswith(".tmp"):
+                    _unlink(f)
+                elif keyed and f.suffix == ".lock":
+                    self._remove_idle_lock(f)
+            try:
+                shard.rmdir()
+            except OSError:
+                pass  # not empty: a lock in use, or someone else's file
+        return len(removed)
+
+    @staticmethod
+    def _remove_idle_lock(path: Path) -> None:
+        lock = FileLock(path, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return  # a compile is running: its lock stays
+        try:
+            _unlink(path)
+        finally:
+            lock.release()

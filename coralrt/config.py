@@ -1,0 +1,97 @@
+"""Every environment variable coralrt reads, in one place.
+
+Each variable is read when the function that needs it is called, not at
+import time, so a process (or a test) can change it at any moment and the
+next call sees the new value.  A value coralrt cannot make sense of raises
+:class:`~coralrt.errors.ConfigError` naming the variable, instead of being
+silently ignored.
+
+===================================  ==================================================
+variable                             meaning
+===================================  ==================================================
+``CORALRT_CACHE_DIR``                root folder of the compile cache; default: the
+                                     platform's user cache folder for ``coralrt``
+                                     (``~/.cache/coralrt`` on Linux, from platformdirs)
+``CORALRT_CACHE``                    ``0``, ``false``, ``no`` or ``off`` disable the
+                                     compile cache (every model is compiled again);
+                                     ``1``, ``true``, ``yes``, ``on`` or unset enable
+                                     it; anything else is an error
+``CORALRT_CACHE_MAX_BYTES``          size cap of the compile cache in bytes, optionally
+                                     with a ``K``, ``M`` or ``G`` suffix (powers of
+                                     1024); least recently used entries are evicted
+                                     above it; default 1 GiB
+``CORALRT_DISABLE_PLUGIN_AUTOLOAD``  used by later parts: do not load plugins from
+                                     installed entry points
+``CORALRT_EDGETPU_COMPILER``         used by later parts: path of the
+                                     ``edgetpu_compiler`` executable to use
+===================================  ==================================================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from coralrt.errors import ConfigError
+
+__all__ = [
+    "CACHE_DIR", "CACHE", "CACHE_MAX_BYTES", "DEFAULT_CACHE_MAX_BYTES",
+    "cache_dir", "cache_enabled", "cache_max_bytes",
+]
+
+CACHE_DIR = "CORALRT_CACHE_DIR"
+CACHE = "CORALRT_CACHE"
+CACHE_MAX_BYTES = "CORALRT_CACHE_MAX_BYTES"
+
+DEFAULT_CACHE_MAX_BYTES = 1 << 30
+
+_FALSE = frozenset({"0", "false", "no", "off"})
+_TRUE = frozenset({"", "1", "true", "yes", "on"})
+_SIZE = re.compile(r"(\d+)\s*(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
+_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    # An empty assignment (`CORALRT_CACHE_DIR= coralrt ...`) means "not set".
+    return value.strip() if value is not None and value.strip() else None
+
+
+def cache_dir() -> Path:
+    """Root folder of the compile cache (``CORALRT_CACHE_DIR`` or the user cache folder)."""
+    value = _get(CACHE_DIR)
+    if value is not None:
+        return Path(value).expanduser()
+    import platformdirs  # only needed when the variable is not set
+
+    return Path(platformdirs.user_cache_dir("coralrt"))
+
+
+def cache_enabled() -> bool:
+    """False when ``CORALRT_CACHE`` is ``0``, ``false``, ``no`` or ``off`` (any case)."""
+    value = _get(CACHE)
+    if value is None:
+        return True
+    word = value.lower()
+    if word in _FALSE:
+        return False
+    if word in _TRUE:
+        return True
+    raise ConfigError(
+        f"{CACHE}={value!r} is not understood; use 0, false, no or off to disable the "
+        f"compile cache, or 1, true, yes or on (or leave it unset) to enable it")
+
+
+def cache_max_bytes() -> int:
+    """Size cap of the compile cache (``CORALRT_CACHE_MAX_BYTES``, default 1 GiB)."""
+    value = _get(CACHE_MAX_BYTES)
+    if value is None:
+        return DEFAULT_CACHE_MAX_BYTES
+    m = _SIZE.fullmatch(value)
+    if m is None:
+        raise ConfigError(
+            f"{CACHE_MAX_BYTES}={value!r} is not a size; give a whole number of bytes, "
+            f"optionally with a K, M or G suffix (for example 500M or 2G)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _UNITS[unit]

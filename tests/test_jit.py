@@ -1,0 +1,164 @@
+"""Just-in-time compilation on load, the compiled model, and its cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO_ROOT, shared_model
+
+from coralrt import InferenceSession
+from coralrt.cli.main import main
+from coralrt.compile import segment as seg_format
+from coralrt.compile.cache import CompileCache
+from coralrt.compile.jit import jit_compile
+from coralrt.compile.native import SEGMENT_OP, compile_model
+from coralrt.errors import ModelError, TargetUnavailableError, UnsupportedOperatorError
+from coralrt.model import load_model
+
+MODEL = "deeplabv3_mnv2_dm05_pascal_quant.tflite"
+
+
+def sim_session_info(path, **kw) -> dict:
+    # The simulated device is not there yet: the session compiles, then says so.
+    with pytest.raises(TargetUnavailableError) as e:
+        InferenceSession(path, target="sim", **kw)
+    return e.value.compile_info
+
+
+def test_first_load_compiles_second_load_hits_the_cache():
+    path = shared_model(MODEL)
+    first = sim_session_info(path)
+    second = sim_session_info(path)
+    assert first["cache_hit"] is False and second["cache_hit"] is True
+    assert first["key"] == second["key"] and len(first["key"]) == 64
+    assert first["compile_seconds"] > 0 and second["compile_seconds"] > 0
+    assert first["segments"] == second["segments"] == 2
+    assert second["placement"][64][0] == "cpu"
+
+
+def test_the_key_depends_on_mode_and_model():
+    keys = {sim_session_info(shared_model(MODEL), partition_mode="compat")["key"],
+            sim_session_info(shared_model(MODEL), partition_mode="multi")["key"],
+            sim_session_info(shared_model("mobilenet_v1_0.25_128_quant.tflite"))["key"]}
+    assert len(keys) == 3
+
+
+def test_cache_can_be_disabled(monkeypatch):
+    monkeypatch.setenv("CORALRT_CACHE", "0")
+    path = shared_model("split_concat.tflite")
+    assert not sim_session_info(path)["cache_hit"]
+    assert not sim_session_info(path)["cache_hit"]
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORALRT_CACHE_DIR", str(tmp_path / "here"))
+    info = sim_session_info(shared_model("split_concat.tflite"))
+    assert info["cache_dir"].startswith(str(tmp_path / "here"))
+    assert list((tmp_path / "here").rglob(f"{info['key']}.bin"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garble_json"])
+def test_corrupt_entry_is_a_logged_miss_and_is_rebuilt(tmp_path, caplog, damage):
+    cache = CompileCache(tmp_path)
+    model = load_model(shared_model("split_concat.tflite"))
+    first = jit_compile(model, model.source, cache=cache)
+    key = first.compile_info["key"]
+    (bin_path,) = tmp_path.rglob(f"{key}.bin")
+    json_path = bin_path.with_suffix(".json")
+    data = bin_path.read_bytes()
+    if damage == "truncate":
+        bin_path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        bin_path.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    else:
+        json_path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        again = jit_compile(model, model.source, cache=cache)
+    assert again.compile_info["cache_hit"] is False
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    assert bin_path.read_bytes() == data  # rebuilt, identical
+    assert jit_compile(model, model.source, cache=cache).compile_info["cache_hit"] is True
+
+
+def test_compiled_model_is_valid_tflite_with_segment_ops():
+    model = load_model(shared_model(MODEL))
+    result = compile_model(model)
+    compiled = load_model(result.to_bytes())
+    names = [op.name for op in compiled.main.operators]
+    assert names == [SEGMENT_OP, "RESIZE_BILINEAR", SEGMENT_OP, "ARG_MAX"]
+    for op in compiled.main.operators:
+        if op.name == SEGMENT_OP:
+            seg = seg_format.decode(bytes(op.custom_options))
+            assert len(seg.ops) in (64, 6)
+    # Input and output names survive; LiteRT loads it and fails only on the custom op.
+    assert ([compiled.main.tensors[i].name for i in compiled.main.inputs]
+            == [model.main.tensors[i].name for i in model.main.inputs])
+    with pytest.raises(UnsupportedOperatorError, match=SEGMENT_OP):
+        InferenceSession(compiled)
+
+
+def test_compiled_edgetpu_models_are_refused_by_the_native_compiler():
+    with pytest.raises(ModelError, match="edgetpu_compiler"):
+        InferenceSession(shared_model("edgetpu/split_concat_edgetpu.tflite"), target="sim")
+
+
+_WORKER = """
+import sys, time
+from pathlib import Path
+from coralrt import InferenceSession
+from coralrt.errors import TargetUnavailableError
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.005)
+try:
+    InferenceSession(sys.argv[1], target="sim")
+except TargetUnavailableError as e:
+    print(e.compile_info["cache_hit"], e.compile_info["key"])
+"""
+
+
+def test_four_processes_compile_the_same_model_once(tmp_path):
+    env = dict(os.environ, CORALRT_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(REPO_ROOT))
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(shared_model(MODEL)), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(4)]
+    time.sleep(1.0)  # let every process import and wait at the start line
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    results = [o.split() for o, _ in outs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert sorted(r[0] for r in results) == ["False", "True", "True", "True"]
+    assert len({r[1] for r in results}) == 1
+
+
+def test_compile_cli_writes_model_and_log(tmp_path, capsys):
+    out = tmp_path / "d_coralrt.tflite"
+    assert main(["compile", str(shared_model(MODEL)), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Number of Edge TPU subgraphs: 2" in text
+    log_text = out.with_suffix(".log").read_text()
+    assert "Operator" in log_text and "ARG_MAX" in log_text and "Mapped to Edge TPU" in log_text
+    assert [op.name for op in load_model(out).main.operators].count(SEGMENT_OP) == 2
+    assert main(["compile", str(shared_model(MODEL)), "-o", str(out)]) == 1  # exists
+    assert main(["compile", str(shared_model(MODEL)), "-o", str(out), "--mode", "compat",
+                 "--force"]) == 0
+    assert [op.name for op in load_model(out).main.operators].count(SEGMENT_OP) == 1
+
+
+def test_cache_cli_sees_jit_entries(capsys):
+    sim_session_info(shared_model("split_concat.tflite"))
+    assert main(["cache", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["entries"] == 1
+    assert main(["cache", "clear"]) == 0
+    capsys.readouterr()
+    assert main(["cache", "info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 0
