@@ -23,7 +23,9 @@ def __getattr__(name: str):
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
         try:
-            return version("coralrt")
+            value = version("coralrt")
         except PackageNotFoundError:
-            return "0+unknown"
+            value = "0+unknown"
+        globals()["__version__"] = value  # looked up once per process
+        return value
     raise AttributeError(f"module 'coralrt' has no attribute {name!r}")

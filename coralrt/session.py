@@ -56,6 +56,10 @@ class InferenceSession:
                  partition_mode: str = "multi", cache=None):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        self.compile_info: dict | None = None
+        if target == "sim":
+            self._init_sim(model, partition_mode, cache)
+            return
         if isinstance(model, Model):
             self.model = load_model(model)
             data = model.to_bytes()
@@ -66,21 +70,6 @@ class InferenceSession:
             # No Edge TPU driver is part of this build yet, so auto means CPU.
             log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
             target = "cpu"
-        self.compile_info: dict | None = None
-        if target == "sim":
-            from coralrt.compile.jit import jit_compile
-            if self.model.is_edgetpu_compiled:
-                raise ModelError(_COMPILED_ELSEWHERE + " (it needs target='coral')")
-            self.compile_info = jit_compile(self.model, data, mode=partition_mode,
-                                            cache=cache).compile_info
-            err = TargetUnavailableError(
-                "the model was compiled for the Edge TPU "
-                f"({self.compile_info['segments']} segment(s), "
-                f"{'from the cache' if self.compile_info['cache_hit'] else 'compiled now'}), "
-                "but this version of coralrt cannot run the simulated Edge TPU yet; use "
-                "target='cpu'")
-            err.compile_info = self.compile_info
-            raise err
         if target == "coral":
             raise TargetUnavailableError(
                 "target 'coral' is not available in this version of coralrt; use target='cpu'")
@@ -101,6 +90,20 @@ class InferenceSession:
         self._shapes = [t.shape for t in self._inputs]
         log.debug("session ready: %d inputs, %d outputs, backend %s", len(self._inputs),
                   len(self._outputs), self._backend.name)
+
+    def _init_sim(self, model, partition_mode: str, cache) -> None:
+        from coralrt.compile.jit import jit_compile
+        jit = jit_compile(model, mode=partition_mode, cache=cache)
+        self.compile_info = jit.compile_info
+        self.model = jit.model
+        err = TargetUnavailableError(
+            "the model was compiled for the Edge TPU "
+            f"({self.compile_info['segments']} segment(s), "
+            f"{'from the cache' if self.compile_info['cache_hit'] else 'compiled now'}), "
+            "but this version of coralrt cannot run the simulated Edge TPU yet; use "
+            "target='cpu'")
+        err.compile_info = self.compile_info
+        raise err
 
     # -- description ----------------------------------------------------------
 

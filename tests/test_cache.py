@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 import platformdirs
@@ -108,7 +109,7 @@ def test_put_get_round_trip(tmp_path):
     assert got == Entry(data, stored.meta)
     assert got.meta["segments"] == 2 and got.meta["compiler"] == "native"
     assert got.meta["size"] == 5000 and got.meta["format"] == CACHE_FORMAT_VERSION
-    assert got.meta["sha256"] == hashlib.sha256(data).hexdigest()
+    assert got.meta["crc32"] == zlib.crc32(data)
     assert before <= got.meta["created"] <= time.time()
     bin_path, json_path, _ = files_of(tmp_path, k)
     assert bin_path.read_bytes() == data  # raw bytes, not a pickle
@@ -119,8 +120,8 @@ def test_put_get_round_trip(tmp_path):
 
 def test_put_refuses_reserved_metadata_and_bad_keys(tmp_path):
     cache = CompileCache(tmp_path, max_bytes=1 << 20, enabled=True)
-    with pytest.raises(ValueError, match="sha256"):
-        cache.put(key_of(), b"x", {"sha256": "0" * 64})
+    with pytest.raises(ValueError, match="crc32"):
+        cache.put(key_of(), b"x", {"crc32": 0})
     for bad in ("../../etc/passwd", "ABC", key_of().upper()):
         with pytest.raises(ValueError, match="64 lowercase hex"):
             cache.get(bad)
@@ -157,7 +158,7 @@ def test_reader_never_sees_a_record_without_its_whole_data(tmp_path):
             except (OSError, ValueError) as e:
                 bad.append(f"{json_path.name}: {e!r}")
                 continue
-            if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            if len(data) != meta["size"] or zlib.crc32(data) != meta["crc32"]:
                 bad.append(f"{json_path.name}: data does not verify")
             verified.add(json_path.name)
         if done:

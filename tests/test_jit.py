@@ -67,7 +67,7 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 def test_corrupt_entry_is_a_logged_miss_and_is_rebuilt(tmp_path, caplog, damage):
     cache = CompileCache(tmp_path)
     model = load_model(shared_model("split_concat.tflite"))
-    first = jit_compile(model, model.source, cache=cache)
+    first = jit_compile(model.source, cache=cache)
     key = first.compile_info["key"]
     (bin_path,) = tmp_path.rglob(f"{key}.bin")
     json_path = bin_path.with_suffix(".json")
@@ -79,11 +79,11 @@ def test_corrupt_entry_is_a_logged_miss_and_is_rebuilt(tmp_path, caplog, damage)
     else:
         json_path.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
-        again = jit_compile(model, model.source, cache=cache)
+        again = jit_compile(model.source, cache=cache)
     assert again.compile_info["cache_hit"] is False
     assert any("corrupt" in r.getMessage() for r in caplog.records)
     assert bin_path.read_bytes() == data  # rebuilt, identical
-    assert jit_compile(model, model.source, cache=cache).compile_info["cache_hit"] is True
+    assert jit_compile(model.source, cache=cache).compile_info["cache_hit"] is True
 
 
 def test_compiled_model_is_valid_tflite_with_segment_ops():

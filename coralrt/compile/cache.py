@@ -1,7 +1,7 @@
 """The on-disk compile cache: compiled segments, keyed by what produced them.
 
 An entry is two files, ``<root>/v<format>/<key[:2]>/<key>.bin`` (the raw
-bytes) and ``<key>.json`` (the caller's metadata plus ``size``, ``sha256``,
+bytes) and ``<key>.json`` (the caller's metadata plus ``size``, ``crc32``,
 ``created`` and ``format``).  Nothing is pickled: loading a cache entry never
 runs code.
 
@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -39,7 +40,7 @@ CACHE_FORMAT_VERSION = 1
 log = logging.getLogger("coralrt.cache")
 
 _KEY = re.compile(r"[0-9a-f]{64}")
-_RESERVED = ("size", "sha256", "created", "format")
+_RESERVED = ("size", "crc32", "created", "format")
 _VERSION_DIR = re.compile(r"v\d+")
 _SHARD_DIR = re.compile(r"[0-9a-f]{2}")
 
@@ -50,9 +51,12 @@ def _canonical_json(obj) -> bytes:
                       ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def make_key(model_bytes: bytes, *, options: dict, compiler_id: str,
-             compiler_version: str) -> str:
+def make_key(model_bytes: bytes | None = None, *, options: dict, compiler_id: str,
+             compiler_version: str, model_sha256: str | None = None) -> str:
     """The cache key (64 hex digits) of compiling ``model_bytes`` with these settings.
+
+    ``model_sha256`` (the hex digest of the model bytes) may be given instead
+    of the bytes when the caller already knows it.
 
     ``options`` must be JSON-serialisable (the partition options); any change
     to the model, the options, the compiler or the cache format gives a new key.
@@ -63,7 +67,11 @@ def make_key(model_bytes: bytes, *, options: dict, compiler_id: str,
         text = _canonical_json(parts)
     except (TypeError, ValueError) as e:
         raise TypeError(f"cache key parts must be plain JSON values: {e}") from e
-    h = hashlib.sha256(hashlib.sha256(model_bytes).hexdigest().encode("ascii"))
+    if model_sha256 is None:
+        if model_bytes is None:
+            raise TypeError("make_key needs model_bytes or model_sha256")
+        model_sha256 = hashlib.sha256(model_bytes).hexdigest()
+    h = hashlib.sha256(model_sha256.encode("ascii"))
     h.update(b"\0")
     h.update(text)
     return h.hexdigest()
@@ -147,7 +155,7 @@ class CompileCache:
         if clash:
             raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
                              f"records them itself")
-        return {**meta, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        return {**meta, "size": len(data), "crc32": zlib.crc32(data),
                 "created": time.time(), "format": CACHE_FORMAT_VERSION}
 
     def _unstored(self, data: bytes, meta: dict) -> Entry:
@@ -182,7 +190,7 @@ class CompileCache:
                 meta = json.loads(jf.read())
                 if not isinstance(meta, dict):
                     raise ValueError("not a JSON object")
-                size, digest = meta["size"], meta["sha256"]
+                size, digest = meta["size"], meta["crc32"]
                 if meta["format"] != CACHE_FORMAT_VERSION:
                     raise ValueError(f"format {meta['format']!r}")
             except (OSError, ValueError, KeyError) as e:
@@ -195,8 +203,8 @@ class CompileCache:
                 else:
                     if len(data) != size:
                         problem = f"{bin_path.name} has {len(data)} bytes, expected {size}"
-                    elif hashlib.sha256(data).hexdigest() != digest:
-                        problem = f"{bin_path.name} does not match its sha256"
+                    elif zlib.crc32(data) != digest:
+                        problem = f"{bin_path.name} does not match its CRC-32"
             if problem is not None:
                 try:
                     now = os.stat(json_path)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from coralrt.compile.cache import CompileCache, make_key
+from coralrt.compile.digest import model_digest
 from coralrt.compile.native import NativeCompiler, compile_model
 from coralrt.compile.partition import MODES
 from coralrt.compile.rules import RULES_VERSION
@@ -31,30 +32,41 @@ class JitResult:
     compile_info: dict    # cache_hit, compile_seconds, key, compiler, mode, segments, ...
 
 
-def jit_compile(model: Model, model_bytes: bytes, *, mode: str = "multi",
-                compiler: NativeCompiler | None = None,
+def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None = None,
                 cache: CompileCache | None = None) -> JitResult:
-    """The compiled form of ``model`` (whose serialized form is ``model_bytes``)."""
+    """The compiled form of ``source`` (a path, the model's bytes, or a Model).
+
+    On a cache hit the source model is neither parsed nor validated again:
+    its compiled form was made from these exact bytes after validation.
+    """
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
+    start = time.perf_counter()
     compiler = compiler or NativeCompiler()
     cache = cache if cache is not None else CompileCache()
+    model = source if isinstance(source, Model) else None
+    if model is not None:
+        digest, data = model_digest(model.to_bytes(), None)
+    else:
+        digest, data = model_digest(source, cache.path / "sources" if cache.enabled else None)
     options = {"mode": mode, "rules": RULES_VERSION}
-    key = make_key(model_bytes, options=options, compiler_id=compiler.id,
+    key = make_key(model_sha256=digest, options=options, compiler_id=compiler.id,
                    compiler_version=compiler.version)
-    start = time.perf_counter()
 
     def build() -> tuple[bytes, dict]:
+        nonlocal model
         t0 = time.perf_counter()
+        if model is None:
+            model = load_model(data if data is not None else source)
         result = compile_model(model, mode=mode, compiler=compiler)
-        data = result.to_bytes()
+        out = result.to_bytes()
         log.info("compiled %d Edge TPU segment(s) (%d of %d operators) in %.0f ms",
                  len(result.plan.segments), result.plan.summary["tpu_ops"],
                  len(model.main.operators), 1e3 * (time.perf_counter() - t0))
-        return data, {"compiler": f"{compiler.id} {compiler.version}", "options": options,
-                      "build_seconds": time.perf_counter() - t0,
-                      "summary": result.plan.summary,
-                      "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops]}
+        return out, {"compiler": f"{compiler.id} {compiler.version}", "options": options,
+                     "build_seconds": time.perf_counter() - t0,
+                     "summary": result.plan.summary,
+                     "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops]}
 
     entry, hit = cache.get_or_build(key, build)
     try:
@@ -63,9 +75,9 @@ def jit_compile(model: Model, model_bytes: bytes, *, mode: str = "multi",
         # A verified entry that does not load was written by a broken build:
         # treat it as a miss and replace it.
         log.warning("cached compiled model %s does not load (%s); compiling again", key, e)
-        data, meta = build()
-        entry = cache.put(key, data, meta) if cache.enabled else entry
-        compiled, hit = load_model(data), False
+        out, meta = build()
+        entry = cache.put(key, out, meta) if cache.enabled else entry
+        compiled, hit = load_model(out), False
     if hit:
         log.info("compiled model found in the cache (%s)", key[:12])
     info = {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from coralrt.compile import segment as seg_format
 from coralrt.compile.partition import PartitionPlan, partition
+from coralrt.errors import ModelError
 from coralrt.model.extract import extract
 from coralrt.model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
 
@@ -59,6 +60,10 @@ class CompileResult:
 def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler | None = None,
                   plan: PartitionPlan | None = None) -> CompileResult:
     """Partition ``model`` and compile every TPU segment into a compiled model."""
+    if model.is_edgetpu_compiled:
+        raise ModelError("this model was already compiled by edgetpu_compiler (it contains "
+                         "edgetpu-custom-op); its Edge TPU programs only run with "
+                         "target='coral'. Compile the plain .tflite instead")
     start = time.perf_counter()
     compiler = compiler or NativeCompiler()
     plan = plan or partition(model, mode)

@@ -123,10 +123,18 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                                      f"subgraphs)", where=owhere)
 
 
-def _scale(sg: Subgraph, i: int) -> float | None:
+def _eight_bit_kernel(sg: Subgraph, op) -> bool:
+    # A builtin kernel's type follows its first input.
+    return (bool(op.inputs) and op.inputs[0] >= 0
+            and sg.tensors[op.inputs[0]].type_name in ("UINT8", "INT8"))
+
+
+def _scale(sg: Subgraph, i: int, any_type: bool) -> float | None:
     t = sg.tensors[i]
     q = t.quantization
-    if q is None or q.scale.size != 1 or t.is_constant or t.type_name not in _ZERO_POINT_RANGE:
+    if q is None or q.scale.size != 1 or t.is_constant:
+        return None
+    if not any_type and t.type_name not in _ZERO_POINT_RANGE:
         return None
     return float(q.scale[0])
 
@@ -135,11 +143,13 @@ def _check_rescale(sg: Subgraph, op, where: str) -> None:
     # Quantized kernels turn scale ratios into fixed-point multipliers and
     # shifts at prepare time; ratios far outside what any trained model has
     # overflow those shifts inside the native code instead of failing cleanly.
-    outs = [s for s in (_scale(sg, o) for o in op.outputs) if s]
+    # An 8-bit kernel reads every operand's scale, whatever type it declares.
+    any_type = not op.opcode.is_custom and _eight_bit_kernel(sg, op)
+    outs = [s for s in (_scale(sg, o, any_type) for o in op.outputs) if s]
     if not outs:
         return
     for i in op.inputs:
-        s_in = _scale(sg, i) if i >= 0 else None
+        s_in = _scale(sg, i, any_type) if i >= 0 else None
         if s_in:
             ratio = s_in / outs[0]
             if not _MIN_RATIO <= ratio <= _MAX_RATIO:
@@ -159,10 +169,9 @@ def _check_quantized_operands(sg: Subgraph, op, where: str) -> None:
     elif op.name == "QUANTIZE":
         operands = [i for i in op.outputs] + [i for i in op.inputs if i >= 0 and
                                               sg.tensors[i].type_name in ("UINT8", "INT8")]
-    # The kernel's type follows its first input: an 8-bit kernel reads the
-    # quantization of every operand, whatever type the operand declares.
-    first = sg.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
-    eight_bit_kernel = first is not None and first.type_name in ("UINT8", "INT8")
+    # An 8-bit kernel reads the quantization of every operand, whatever type
+    # the operand declares.
+    eight_bit_kernel = _eight_bit_kernel(sg, op)
     for i in operands:
         t = sg.tensors[i]
         if t.is_constant or (t.type_name not in ("UINT8", "INT8") and not eight_bit_kernel):

@@ -30,14 +30,22 @@ def record_median(request):
     return record
 
 
+# (numerator, denominator, label, goal text): ratios printed when both ran.
+RATIOS = [
+    ("session", "litert", "ratio session/litert (median)", f"goal <= {RATIO_GOAL}"),
+    ("compile_cold", "session_cache_hit", "ratio cold compile / cache-hit session creation",
+     "goal >= 10"),
+]
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's table
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     medians = config.stash.get(_MEDIANS, {})
-    if "litert" in medians and "session" in medians:
-        ratio = medians["session"] / medians["litert"]
-        terminalreporter.write_sep("-", "coralrt overhead")
-        terminalreporter.write_line(
-            f"median litert {medians['litert'] * 1e3:.3f} ms, session "
-            f"{medians['session'] * 1e3:.3f} ms")
-        terminalreporter.write_line(
-            f"ratio session/litert (median): {ratio:.3f} (goal <= {RATIO_GOAL})")
+    shown = [r for r in RATIOS if r[0] in medians and r[1] in medians]
+    if not shown and not medians:
+        return
+    terminalreporter.write_sep("-", "coralrt figures")
+    for key, value in sorted(medians.items()):
+        terminalreporter.write_line(f"median {key}: {value * 1e3:.3f} ms")
+    for num, den, label, goal in shown:
+        terminalreporter.write_line(f"{label}: {medians[num] / medians[den]:.3f} ({goal})")
