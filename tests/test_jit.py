@@ -162,3 +162,20 @@ def test_cache_cli_sees_jit_entries(capsys):
     capsys.readouterr()
     assert main(["cache", "info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["entries"] == 0
+
+
+def test_a_changed_model_file_is_compiled_again(tmp_path):
+    path = tmp_path / "model.tflite"
+    path.write_bytes(shared_model("split_concat.tflite").read_bytes())
+    first = sim_session_info(path)
+    assert not first["cache_hit"] and sim_session_info(path)["cache_hit"]
+    # Same size, one byte different: the stored digest must not be reused.
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    changed = sim_session_info(path)
+    assert not changed["cache_hit"] and changed["key"] != first["key"]
+    # Back to the original bytes: the original entry serves it again.
+    path.write_bytes(shared_model("split_concat.tflite").read_bytes())
+    again = sim_session_info(path)
+    assert again["cache_hit"] and again["key"] == first["key"]
