@@ -20,8 +20,9 @@ variable                             meaning
                                      with a ``K``, ``M`` or ``G`` suffix (powers of
                                      1024); least recently used entries are evicted
                                      above it; default 1 GiB
-``CORALRT_DISABLE_PLUGIN_AUTOLOAD``  used by later parts: do not load plugins from
-                                     installed entry points
+``CORALRT_DISABLE_PLUGIN_AUTOLOAD``  ``1`` (or true/yes/on): do not load plugins from
+                                     the ``coralrt`` entry-point group; plugins passed
+                                     to ``InferenceSession(plugins=...)`` still load
 ``CORALRT_EDGETPU_COMPILER``         used by later parts: path of the
                                      ``edgetpu_compiler`` executable to use
 ===================================  ==================================================
@@ -37,12 +38,14 @@ from coralrt.errors import ConfigError
 
 __all__ = [
     "CACHE_DIR", "CACHE", "CACHE_MAX_BYTES", "DEFAULT_CACHE_MAX_BYTES",
-    "cache_dir", "cache_enabled", "cache_max_bytes",
+    "cache_dir", "cache_enabled", "cache_max_bytes", "DISABLE_PLUGIN_AUTOLOAD",
+    "plugin_autoload",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
 CACHE = "CORALRT_CACHE"
 CACHE_MAX_BYTES = "CORALRT_CACHE_MAX_BYTES"
+DISABLE_PLUGIN_AUTOLOAD = "CORALRT_DISABLE_PLUGIN_AUTOLOAD"
 
 DEFAULT_CACHE_MAX_BYTES = 1 << 30
 
@@ -95,3 +98,14 @@ def cache_max_bytes() -> int:
             f"optionally with a K, M or G suffix (for example 500M or 2G)")
     unit = m.group(2).lower() if m.group(2) else None
     return int(m.group(1)) * _UNITS[unit]
+
+
+def plugin_autoload() -> bool:
+    """False when ``CORALRT_DISABLE_PLUGIN_AUTOLOAD`` is set to a true value."""
+    value = _get(DISABLE_PLUGIN_AUTOLOAD)
+    if value is None or value.lower() in _FALSE:
+        return True
+    if value.lower() in _TRUE:
+        return False
+    raise ConfigError(f"{DISABLE_PLUGIN_AUTOLOAD}={value!r} is not understood; use 1 to "
+                      f"disable plugin autoloading or 0 to keep it")

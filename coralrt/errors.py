@@ -19,6 +19,7 @@ __all__ = [
     "InferenceError",
     "ConfigError",
     "TargetUnavailableError",
+    "PluginError",
     "SegmentFormatError",
     "SegmentTooLargeError",
     "CacheLockTimeoutError",
@@ -139,3 +140,7 @@ class SegmentTooLargeError(ModelError):
             f"on-chip activation memory but the Edge TPU has {limit_bytes} bytes "
             f"({limit_bytes / 2**20:.2f} MiB); split it into smaller segments",
             where=where)
+
+
+class PluginError(CoralRTError, RuntimeError):
+    """A plugin could not be loaded or registered, or breaks the plugin contract."""

@@ -8,6 +8,7 @@ only checks the feed against precomputed expectations and calls the program.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -41,6 +42,12 @@ class InferenceSession:
         just-in-time compiler (``sim`` and ``coral`` targets).
     :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
         the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
+    :param device: an open :class:`coralrt.delegate.device.EdgeTpuDevice` for
+        the Edge TPU steps; ``None`` opens a simulated Edge TPU for ``sim``.
+    :param plugins: plugin objects to register for this session, in addition
+        to coralrt's built-ins and the installed ``coralrt`` entry points.
+    :param override_builtins: let plugin CPU kernels registered for builtin
+        operators replace the CPU backend's kernels for those operators.
 
     ``compile_info`` is None on the CPU target; otherwise a dict with at least
     ``cache_hit``, ``compile_seconds`` and ``key``.
@@ -53,32 +60,31 @@ class InferenceSession:
 
     def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
                  backend: str | None = None, cpu_kernels: str = "optimized",
-                 partition_mode: str = "multi", cache=None):
+                 partition_mode: str = "multi", cache=None, device=None, plugins=None,
+                 override_builtins: bool = False):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        from coralrt.delegate.plugins import plugin_host
+
         self.compile_info: dict | None = None
-        if target == "sim":
-            self._init_sim(model, partition_mode, cache)
-            return
-        if isinstance(model, Model):
-            self.model = load_model(model)
-            data = model.to_bytes()
-        else:
-            self.model = load_model(model)  # errors name the file when given a path
-            data = self.model.source
+        self.device = None
+        self._backend = get_backend(backend)
+        self._host = plugin_host(tuple(plugins or ()))
+        self._override = override_builtins
         if target == "auto":
             # No Edge TPU driver is part of this build yet, so auto means CPU.
             log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
             target = "cpu"
         if target == "coral":
             raise TargetUnavailableError(
-                "target 'coral' is not available in this version of coralrt; use target='cpu'")
-        if self.model.is_edgetpu_compiled:
-            raise ModelError(_COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
-                             "target='cpu'")
+                "target 'coral' is not available in this version of coralrt; use target='cpu' "
+                "or target='sim'")
         self.target = target
-        self._backend = get_backend(backend)
-        self._program = self._backend.load(data, num_threads=num_threads, kernels=cpu_kernels)
+        if target == "sim":
+            self._program = self._init_sim(model, partition_mode, cache, device, num_threads,
+                                           cpu_kernels)
+        else:
+            self._program = self._init_cpu(model, num_threads, cpu_kernels)
         sg = self.model.main
         self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
         self._outputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.outputs]
@@ -88,22 +94,53 @@ class InferenceSession:
         self._output_pos = {n: i for i, n in enumerate(self._output_names)}
         self._dynamic = any(-1 in t.shape_signature for t in self._inputs)
         self._shapes = [t.shape for t in self._inputs]
-        log.debug("session ready: %d inputs, %d outputs, backend %s", len(self._inputs),
-                  len(self._outputs), self._backend.name)
+        log.debug("session ready on %s: %d inputs, %d outputs, backend %s", target,
+                  len(self._inputs), len(self._outputs), self._backend.name)
 
-    def _init_sim(self, model, partition_mode: str, cache) -> None:
+    def _init_cpu(self, model, num_threads, cpu_kernels):
+        if isinstance(model, Model):
+            self.model = load_model(model)
+            data = model.to_bytes()
+        else:
+            self.model = load_model(model)  # errors name the file when given a path
+            data = self.model.source
+        if self.model.is_edgetpu_compiled:
+            raise ModelError(_COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
+                             "target='cpu'")
+        kernels = self._host.ops.kernels
+        if any(op.name in kernels and (op.opcode.is_custom or self._override)
+               for op in self.model.main.operators) or self._host.wraps_steps:
+            from coralrt.delegate.executor import build_program
+            return build_program(self.model, device=None, backend=self._backend,
+                                 num_threads=num_threads, cpu_kernels=cpu_kernels,
+                                 host=self._host, override_builtins=self._override)
+        return self._backend.load(data, num_threads=num_threads, kernels=cpu_kernels)
+
+    def _init_sim(self, model, partition_mode, cache, device, num_threads, cpu_kernels):
         from coralrt.compile.jit import jit_compile
-        jit = jit_compile(model, mode=partition_mode, cache=cache)
+        from coralrt.delegate.executor import build_program
+        host = self._host
+        jit = jit_compile(model, mode=partition_mode, cache=cache,
+                          compiler=host.compilers.for_device("sim"), rules=host.ops.rules(),
+                          rules_fingerprint=host.ops.fingerprint(), events=host.compile_event)
         self.compile_info = jit.compile_info
         self.model = jit.model
-        err = TargetUnavailableError(
-            "the model was compiled for the Edge TPU "
-            f"({self.compile_info['segments']} segment(s), "
-            f"{'from the cache' if self.compile_info['cache_hit'] else 'compiled now'}), "
-            "but this version of coralrt cannot run the simulated Edge TPU yet; use "
-            "target='cpu'")
-        err.compile_info = self.compile_info
-        raise err
+        if device is None:
+            device = host.devices.create("sim", kernels=host.ops.sim_kernels())
+            device.open()
+        self.device = device
+        return build_program(jit.model, device=device, backend=self._backend,
+                             num_threads=num_threads, cpu_kernels=cpu_kernels, host=host,
+                             override_builtins=self._override)
+
+    def profile(self) -> list[dict]:
+        """Per step of the last ``run``: kind ("tpu"/"cpu"), label, host seconds and,
+        for Edge TPU steps, the estimated device seconds of a real USB stick."""
+        if hasattr(self._program, "profile"):
+            return self._program.profile()
+        return [{"step": 0, "kind": "cpu", "label": f"cpu: whole model ({self.backend})",
+                 "operators": len(self.model.main.operators),
+                 "host_seconds": getattr(self, "_last_host", 0.0), "device_seconds": None}]
 
     # -- description ----------------------------------------------------------
 
@@ -135,7 +172,9 @@ class InferenceSession:
                 if shapes != self._shapes:
                     program.resize_inputs(shapes)
                     self._shapes = shapes
+            start = time.perf_counter()
             results = program.run(arrays)
+            self._last_host = time.perf_counter() - start
         if outputs is None:
             return dict(zip(self._output_names, results))
         if isinstance(outputs, str):

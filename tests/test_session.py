@@ -142,7 +142,7 @@ def test_targets():
     with pytest.raises(ConfigError, match="unknown target 'gpu'"):
         InferenceSession(path, target="gpu")
     with pytest.raises(TargetUnavailableError):
-        InferenceSession(path, target="sim")
+        InferenceSession(path, target="coral")
     assert InferenceSession(path, target="auto").target == "cpu"
     with pytest.raises(ConfigError, match="unknown CPU backend"):
         InferenceSession(path, backend="nope")

@@ -20,33 +20,42 @@ from dataclasses import dataclass
 from coralrt.compile.memplan import EDGETPU_ONCHIP_BYTES
 from coralrt.model.types import Operator, Subgraph
 
-__all__ = ["CostModel", "op_macs", "ONCHIP_PARAMETER_BYTES"]
+__all__ = ["CostModel", "macs_of", "op_macs", "ONCHIP_PARAMETER_BYTES"]
 
 ONCHIP_PARAMETER_BYTES = EDGETPU_ONCHIP_BYTES
 
 
-def op_macs(sg: Subgraph, op: Operator) -> int:
-    """Multiply-accumulates of one operator (elementwise work counts 1 per element)."""
-    outs = [sg.tensors[i] for i in op.outputs]
-    out_elems = sum(math.prod(t.shape) for t in outs)
-    w = sg.tensors[op.inputs[1]] if len(op.inputs) > 1 and op.inputs[1] >= 0 else None
-    name = op.name
-    if name == "CONV_2D" and w is not None and len(w.shape) == 4:
-        return out_elems * w.shape[1] * w.shape[2] * w.shape[3]
-    if name == "DEPTHWISE_CONV_2D" and w is not None and len(w.shape) == 4:
-        return out_elems * w.shape[1] * w.shape[2]
-    if name == "TRANSPOSE_CONV" and w is not None and len(w.shape) == 4:
-        src = sg.tensors[op.inputs[2]]
-        return math.prod(src.shape) * w.shape[0] * w.shape[1] * w.shape[2]
-    if name == "FULLY_CONNECTED" and w is not None and len(w.shape) == 2:
-        return out_elems * w.shape[1]
+def macs_of(name: str, options: dict, inputs: list, outputs: list) -> int:
+    """Multiply-accumulates of one operator (elementwise work counts 1 per element).
+
+    ``inputs``: per input ``(shape, is_constant)`` or None when omitted;
+    ``outputs``: output shapes.
+    """
+    out_elems = sum(math.prod(s) for s in outputs)
+    w = inputs[1][0] if len(inputs) > 1 and inputs[1] is not None else None
+    if name == "CONV_2D" and w is not None and len(w) == 4:
+        return out_elems * w[1] * w[2] * w[3]
+    if name == "DEPTHWISE_CONV_2D" and w is not None and len(w) == 4:
+        return out_elems * w[1] * w[2]
+    if name == "TRANSPOSE_CONV" and w is not None and len(w) == 4 and inputs[2] is not None:
+        return math.prod(inputs[2][0]) * w[0] * w[1] * w[2]
+    if name == "FULLY_CONNECTED" and w is not None and len(w) == 2:
+        return out_elems * w[1]
     if name in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
-        return out_elems * op.options.get("filter_width", 1) * op.options.get("filter_height", 1)
-    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and w is not None and len(w.shape) == 2:
-        steps = math.prod(outs[0].shape[:-1])
-        return steps * 4 * w.shape[0] * (w.shape[1] + w.shape[0])
-    ins = [sg.tensors[i] for i in op.inputs if i >= 0 and not sg.tensors[i].is_constant]
-    return max(out_elems, max((math.prod(t.shape) for t in ins), default=0))
+        return out_elems * options.get("filter_width", 1) * options.get("filter_height", 1)
+    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and w is not None and len(w) == 2 and outputs:
+        steps = math.prod(outputs[0][:-1])
+        return steps * 4 * w[0] * (w[1] + w[0])
+    act = [math.prod(x[0]) for x in inputs if x is not None and not x[1]]
+    return max(out_elems, max(act, default=0))
+
+
+def op_macs(sg: Subgraph, op: Operator) -> int:
+    """:func:`macs_of` for an operator of a model subgraph."""
+    t = sg.tensors
+    return macs_of(op.name, op.options,
+                   [(t[i].shape, t[i].is_constant) if i >= 0 else None for i in op.inputs],
+                   [t[i].shape for i in op.outputs])
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,15 @@ class JitResult:
 
 
 def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None = None,
-                cache: CompileCache | None = None) -> JitResult:
+                cache: CompileCache | None = None, rules=None, rules_fingerprint=None,
+                events=None) -> JitResult:
     """The compiled form of ``source`` (a path, the model's bytes, or a Model).
 
     On a cache hit the source model is neither parsed nor validated again:
     its compiled form was made from these exact bytes after validation.
+    ``rules`` (a RuleRegistry with plugin operators) and its
+    ``rules_fingerprint`` come from the plugin host; ``events(**event)``
+    receives cache hits and misses and compiled segments.
     """
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -50,6 +54,9 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     else:
         digest, data = model_digest(source, cache.path / "sources" if cache.enabled else None)
     options = {"mode": mode, "rules": RULES_VERSION}
+    if rules_fingerprint:
+        options["plugin_ops"] = rules_fingerprint
+    emit = events or (lambda **event: None)
     key = make_key(model_sha256=digest, options=options, compiler_id=compiler.id,
                    compiler_version=compiler.version)
 
@@ -58,7 +65,12 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         t0 = time.perf_counter()
         if model is None:
             model = load_model(data if data is not None else source)
-        result = compile_model(model, mode=mode, compiler=compiler)
+        emit(kind="cache_miss", key=key)
+        result = compile_model(
+            model, mode=mode, compiler=compiler, rules=rules,
+            on_segment=lambda i, n, size, secs: emit(kind="segment_compiled", key=key,
+                                                     segment=i, operators=n, bytes=size,
+                                                     seconds=secs))
         out = result.to_bytes()
         log.info("compiled %d Edge TPU segment(s) (%d of %d operators) in %.0f ms",
                  len(result.plan.segments), result.plan.summary["tpu_ops"],
@@ -80,6 +92,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         compiled, hit = load_model(out), False
     if hit:
         log.info("compiled model found in the cache (%s)", key[:12])
+        emit(kind="cache_hit", key=key)
     info = {
         "cache_hit": hit,
         "compile_seconds": time.perf_counter() - start,

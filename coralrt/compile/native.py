@@ -18,8 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from coralrt.compile import segment as seg_format
-from coralrt.compile.partition import PartitionPlan, partition
-from coralrt.errors import ModelError
+from coralrt.compile.partition import PartitionPlan, partition, plan_from_groups
+from coralrt.compile.rules import UNSPECIFIED_LIMITATION
+from coralrt.errors import ModelError, SegmentTooLargeError
 from coralrt.model.extract import extract
 from coralrt.model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
 
@@ -58,7 +59,8 @@ class CompileResult:
 
 
 def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler | None = None,
-                  plan: PartitionPlan | None = None) -> CompileResult:
+                  plan: PartitionPlan | None = None, rules=None,
+                  on_segment=None) -> CompileResult:
     """Partition ``model`` and compile every TPU segment into a compiled model."""
     if model.is_edgetpu_compiled:
         raise ModelError("this model was already compiled by edgetpu_compiler (it contains "
@@ -66,14 +68,37 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler
                          "target='coral'. Compile the plain .tflite instead")
     start = time.perf_counter()
     compiler = compiler or NativeCompiler()
-    plan = plan or partition(model, mode)
+    plan = plan or partition(model, mode, rules=rules)
     sg = model.main
-    blobs = []
-    for s in plan.segments:
+    groups, blobs = [], []
+    too_big: dict[int, str] = {}
+    todo = [list(s.ops) for s in plan.segments]
+    while todo:
+        ops = todo.pop(0)
         t0 = time.perf_counter()
-        blobs.append(compiler.compile_segment(extract(model, s.ops).model))
-        log.debug("segment %d: %d operators, %d bytes, %.1f ms", s.index, len(s.ops),
-                  len(blobs[-1]), 1e3 * (time.perf_counter() - t0))
+        try:
+            blob = compiler.compile_segment(extract(model, ops).model)
+        except SegmentTooLargeError as e:
+            if len(ops) < 2:
+                # One operator whose tensors alone overflow the chip stays on the CPU.
+                too_big[ops[0]] = (f"{UNSPECIFIED_LIMITATION}: its tensors need "
+                                   f"{e.required_bytes} bytes, more than the Edge TPU's "
+                                   f"{e.limit_bytes} bytes of on-chip memory")
+                continue
+            # Activations overflow on-chip memory: cut the segment in execution
+            # order (a prefix of a convex segment is convex) and try each half.
+            log.info("segment of %d operators needs %d bytes of activations; splitting",
+                     len(ops), e.required_bytes)
+            todo[:0] = [ops[:len(ops) // 2], ops[len(ops) // 2:]]
+            continue
+        groups.append(ops)
+        blobs.append(blob)
+        if on_segment is not None:
+            on_segment(len(groups) - 1, len(ops), len(blob), time.perf_counter() - t0)
+        log.debug("segment %d: %d operators, %d bytes, %.1f ms", len(groups) - 1, len(ops),
+                  len(blob), 1e3 * (time.perf_counter() - t0))
+    if len(groups) != len(plan.segments) or too_big:
+        plan = plan_from_groups(model, plan, groups, cpu_reasons=too_big)
     code = OperatorCode(CUSTOM, SEGMENT_OP, 1)
     nodes: dict[int, Operator] = {}  # first op index of a node -> the operator that replaces it
     seg_of = {i: s for s in plan.segments for i in s.ops}

@@ -25,7 +25,8 @@ from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, OpView, RuleRegistry,
 from coralrt.model.extract import boundary
 from coralrt.model.types import Model, Subgraph
 
-__all__ = ["MODES", "OpPlacement", "SegmentPlan", "PartitionPlan", "partition"]
+__all__ = ["MODES", "OpPlacement", "SegmentPlan", "PartitionPlan", "partition",
+           "plan_from_groups"]
 
 MODES = ("compat", "multi")
 NOT_WORTH = "Not offloaded: the estimated gain does not cover the USB round trip"
@@ -197,3 +198,14 @@ def _plan(model: Model, mode: str, reasons, groups: list[list[int]], costs: Cost
         "off_chip_parameter_bytes": sum(s.off_chip_bytes for s in segments),
     }
     return PartitionPlan(mode, placements, segments, summary)
+
+
+def plan_from_groups(model: Model, plan: PartitionPlan, groups: list[list[int]],
+                     costs: CostModel | None = None,
+                     cpu_reasons: dict[int, str] | None = None) -> PartitionPlan:
+    """``plan`` with its segments replaced by ``groups``; operators in
+    ``cpu_reasons`` move to the CPU with that reason."""
+    reasons = [None if o.target == "tpu" else o.reason for o in plan.ops]
+    for i, reason in (cpu_reasons or {}).items():
+        reasons[i] = reason
+    return _plan(model, plan.mode, reasons, groups, costs or CostModel())

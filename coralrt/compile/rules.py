@@ -268,6 +268,13 @@ def requantize_only(v: OpView) -> str | None:
     return None
 
 
+def int8_only(v: OpView) -> str | None:
+    for label, t in v.activations:
+        if t.type_name != "INT8":
+            return f"{UNSUPPORTED_TYPE}: {label} is {t.type_name}; {v.name} needs int8"
+    return None
+
+
 # -- the table ----------------------------------------------------------------
 
 DEFAULT_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
@@ -333,10 +340,13 @@ def default_rules() -> RuleRegistry:
     """The Edge TPU's operator table (fresh registry, safe to extend)."""
     r = RuleRegistry()
     simple = OpSupport
-    for name in ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE"):
+    for name in ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"):
         r.add_op(name, simple(max_version=4))
+    # TFLite implements these two for int8 only.
+    r.add_op("SQUARED_DIFFERENCE", simple(2, (int8_only,)))
+    r.add_op("RSQRT", simple(3, (int8_only,)))
     for name in ("LOGISTIC", "TANH", "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH",
-                 "L2_NORMALIZATION", "RSQRT", "SQUEEZE", "EXPAND_DIMS", "RESHAPE",
+                 "L2_NORMALIZATION", "SQUEEZE", "EXPAND_DIMS", "RESHAPE",
                  "SPACE_TO_DEPTH", "TRANSPOSE"):
         r.add_op(name, simple(max_version=3))
     r.add_op("CONV_2D", simple(5, (constant_operands(1, 2), same_dilation)))

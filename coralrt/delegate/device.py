@@ -1,0 +1,64 @@
+"""The Edge TPU device interface every device implements.
+
+The simulated Edge TPU implements it with numpy kernels; the USB driver
+implements it over pyusb.  The executor only talks to this interface, so a
+device swaps in without changing how programs run.
+
+    with device:                          # open() ... close()
+        handle = device.load(program)     # program bytes; parameters cached
+        outputs = device.run(handle, inputs)
+
+``load`` uploads a program's parameters once: loading the same program again
+returns the cached handle, as the real stick keeps cached parameters while the
+program stays loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EdgeTpuDevice", "RunStats"]
+
+
+@dataclass
+class RunStats:
+    """What the last ``run`` of a device cost."""
+
+    host_seconds: float = 0.0
+    device_seconds: float = 0.0      # estimated (simulated) or measured (real stick)
+    parameter_upload_seconds: float = 0.0  # nonzero on the first run after a load
+    computed: bool = True            # False when outputs are placeholders
+
+
+class EdgeTpuDevice:
+    """Base class: ``open``, ``load``, ``run``, ``close``."""
+
+    kind = ""       # "sim" | "usb"
+    path = ""       # a stable name for the device ("sim:0", "usb:0" ...)
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def load(self, program: bytes):
+        """Upload ``program`` (a coralrt segment or an Edge TPU executable); return a handle."""
+        raise NotImplementedError
+
+    def run(self, handle, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Send inputs, execute, read outputs (in the program's output order)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def last_stats(self) -> RunStats:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,161 @@
+"""Turn a compiled model into steps and run them.
+
+A compiled model (from the just-in-time compiler) holds ``coralrt-segment``
+operators for the Edge TPU and ordinary operators for the CPU.  Each segment
+becomes a TPU step on a device; each maximal run of consecutive CPU operators
+is cut out as a standalone model and becomes a CPU step in the CPU backend.
+:class:`Program` has the interface of a CPU backend program (``lock``,
+``run``, ``input_details``), so a session drives either the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coralrt.backends.base import CpuBackend
+from coralrt.compile.native import SEGMENT_OP
+from coralrt.delegate.device import EdgeTpuDevice
+from coralrt.errors import ConfigError, InputError, PluginError
+from coralrt.model.extract import extract
+from coralrt.model.types import Model
+
+__all__ = ["Step", "Program", "build_program"]
+
+
+@dataclass
+class Step:
+    kind: str                 # "tpu" | "cpu" | "plugin"
+    label: str
+    ops: list[int]            # operator indices in the compiled model
+    inputs: list[int]         # tensor indices in the compiled model's main subgraph
+    outputs: list[int]
+    run: Callable[[list], list]
+    device: EdgeTpuDevice | None = None
+    host_seconds: float = 0.0
+    device_seconds: float = 0.0
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    inputs: list[int]
+    outputs: list[int]
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    runner: Callable | None = None  # the plugin host's step hook, when plugins wrap steps
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        values = dict(zip(self.inputs, inputs))
+        clock = time.perf_counter
+        hook = self.runner
+        for step in self.steps:
+            start = clock()
+            args = [values[t] if t >= 0 else None for t in step.inputs]
+            results = step.run(args) if hook is None else hook(step, args)
+            step.host_seconds = clock() - start
+            if step.device is not None:
+                step.device_seconds = step.device.last_stats.device_seconds
+            values.update(zip(step.outputs, results))
+        return [values[t] for t in self.outputs]
+
+    def resize_inputs(self, shapes) -> None:
+        raise InputError("Edge TPU programs have static input shapes; this model's inputs "
+                         "cannot be resized")
+
+    def profile(self) -> list[dict]:
+        """Per step of the last run: kind, label, host and estimated device seconds."""
+        return [{"step": i, "kind": s.kind, "label": s.label, "operators": len(s.ops),
+                 "host_seconds": s.host_seconds,
+                 "device_seconds": s.device_seconds if s.kind == "tpu" else None}
+                for i, s in enumerate(self.steps)]
+
+
+def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: CpuBackend,
+                  num_threads: int | None = None, cpu_kernels: str = "optimized",
+                  host=None, override_builtins: bool = False) -> Program:
+    """Steps for ``compiled``: its ``coralrt-segment`` operators on ``device``,
+    operators with a plugin kernel as plugin steps (builtins only with
+    ``override_builtins``), everything else in the CPU backend."""
+    sg = compiled.main
+    steps: list[Step] = []
+    pending: list[int] = []
+    plugin_kernels = host.ops.kernels if host is not None else {}
+
+    def flush() -> None:
+        if not pending:
+            return
+        piece = extract(compiled, pending)
+        program = backend.load(piece.model.to_bytes(), num_threads=num_threads,
+                               kernels=cpu_kernels)
+        names = sorted({sg.operators[i].name for i in pending})
+        steps.append(Step("cpu", f"cpu: {len(pending)} op(s) ({', '.join(names[:4])}"
+                                 f"{', ...' if len(names) > 4 else ''})",
+                          list(pending), piece.inputs, piece.outputs, program.run))
+        pending.clear()
+
+    for i, op in enumerate(sg.operators):
+        kernel = plugin_kernels.get(op.name)
+        if kernel is not None and (op.opcode.is_custom or override_builtins):
+            flush()
+            steps.append(_plugin_step(sg, i, kernel))
+            continue
+        if op.name != SEGMENT_OP:
+            pending.append(i)
+            continue
+        if device is None:
+            raise ConfigError("this program has Edge TPU segments but no device to run them")
+        flush()
+        handle = device.load(bytes(op.custom_options))
+        steps.append(Step("tpu", f"tpu: segment of {len(handle.segment.ops)} op(s) on "
+                                 f"{device.path}", [i], list(op.inputs), list(op.outputs),
+                          _tpu_runner(device, handle), device))
+    flush()
+    program = Program(steps, list(sg.inputs), list(sg.outputs))
+    if host is not None and host.wraps_steps:
+        program.runner = host.run_step
+    return program
+
+
+def _plugin_step(sg, i: int, kernel) -> Step:
+    from coralrt.delegate.registry import OpInfo
+    from coralrt.model.custom_options import decode_flexbuffer_map
+    from coralrt.tensors import TensorInfo
+
+    op = sg.operators[i]
+    custom = bytes(op.custom_options) if op.custom_options is not None else b""
+    info = OpInfo(
+        name=op.name, options=dict(op.options), custom_options=custom,
+        flex_options=decode_flexbuffer_map(custom) if custom else None,
+        inputs=[TensorInfo.from_tensor(sg.tensors[t], t) if t >= 0 else None
+                for t in op.inputs],
+        outputs=[TensorInfo.from_tensor(sg.tensors[t], t) for t in op.outputs], index=i)
+    fn = kernel.fn
+
+    def run(inputs):
+        outputs = fn(inputs, info)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(info.outputs):
+            raise PluginError(f"the {op.name} kernel of plugin {kernel.plugin} returned "
+                              f"{type(outputs).__name__}, not a list of "
+                              f"{len(info.outputs)} array(s)")
+        checked = []
+        for out, want in zip(outputs, info.outputs):
+            arr = np.asarray(out)
+            if arr.shape != want.shape or arr.dtype != want.dtype:
+                raise PluginError(f"the {op.name} kernel of plugin {kernel.plugin} returned "
+                                  f"{arr.dtype}{list(arr.shape)} for output {want.name!r}, "
+                                  f"which is {want.dtype}{list(want.shape)}")
+            checked.append(arr)
+        return checked
+
+    return Step("plugin", f"plugin: {op.name} ({kernel.plugin})", [i], list(op.inputs),
+                list(op.outputs), run)
+
+
+def _tpu_runner(device: EdgeTpuDevice, handle):
+    def run(inputs):
+        return device.run(handle, inputs)
+    return run

@@ -1,0 +1,49 @@
+"""Compare a simulated-Edge-TPU kernel with LiteRT's reference kernels.
+
+``check(model, inputs)`` runs ``model`` (built with ModelBuilder) once in the
+LiteRT interpreter with ``OpResolverType.BUILTIN_REF`` and once as a coralrt
+segment through the simulated Edge TPU's kernels, and asserts the outputs are
+equal (or within ``lsb`` units where a documented tolerance applies).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coralrt.compile.segment import build_segment
+from coralrt.model import Model, load_model
+from coralrt.sim.interpreter import SegmentRunner
+
+
+def run_reference(model_bytes: bytes, inputs: list) -> list:
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    interp = Interpreter(model_content=model_bytes,
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    interp.allocate_tensors()
+    for detail, value in zip(interp.get_input_details(), inputs):
+        interp.set_tensor(detail["index"], value)
+    interp.invoke()
+    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
+
+
+def run_sim(model_bytes: bytes, inputs: list) -> list:
+    return SegmentRunner(build_segment(load_model(model_bytes))).run(list(inputs))
+
+
+def check(model: Model, inputs: list, *, lsb: int = 0) -> list:
+    """Assert sim == reference (within ``lsb``); returns the reference outputs."""
+    data = model.to_bytes()
+    want = run_reference(data, inputs)
+    got = run_sim(data, inputs)
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g)
+        assert g.shape == w.shape, f"output {k}: shape {g.shape} != reference {w.shape}"
+        assert g.dtype == w.dtype, f"output {k}: dtype {g.dtype} != reference {w.dtype}"
+        diff = np.abs(g.astype(np.int64) - w.astype(np.int64)) if w.dtype.kind in "iu" \
+            else np.abs(g - w)
+        worst = int(diff.max()) if diff.size else 0
+        assert worst <= lsb, (f"output {k}: {int((diff > lsb).sum())} of {diff.size} values "
+                              f"differ by up to {worst} (allowed {lsb})")
+    return want
