@@ -212,3 +212,35 @@ def test_operator_may_not_write_a_subgraph_input():
     sg["operators"][1]["outputs"] = np.array(sg["inputs"], np.int32)
     with pytest.raises(ModelError, match="also an input of the subgraph"):
         load_tree(tree)
+
+
+def test_tensor_read_before_any_operator_writes_it():
+    tree = tree_of("keras_lstm_mnist_ptq.tflite")
+    sg = tree["subgraphs"][0]
+    weight = sg["operators"][1]["inputs"][5]  # a recurrent weight of the LSTM
+    sg["tensors"][weight]["buffer"] = 0       # no data any more: nothing writes it
+    with pytest.raises(ModelError, match="is read before any operator writes it"):
+        load_tree(tree)
+
+
+def test_declared_output_shape_must_follow_the_input():
+    tree = tree_of("keras_lstm_mnist_ptq.tflite")
+    tree["subgraphs"][0]["tensors"][0]["shape"] = np.array([1, 10551324, 28], np.int32)
+    with pytest.raises(ModelError, match=r"QUANTIZE output shape \[1, 28, 28\] differs"):
+        load_tree(tree)
+
+
+def test_broadcast_output_shape():
+    tree = tree_of("add_quantized_uint8.tflite")
+    tree["subgraphs"][0]["tensors"][2]["shape"] = np.array([1, 8, 8, 4], np.int32)
+    with pytest.raises(ModelError, match="is not the broadcast shape"):
+        load_tree(tree)
+
+
+def test_lstm_state_shares_the_output_quantization():
+    tree = tree_of("keras_lstm_mnist_ptq.tflite")
+    sg = tree["subgraphs"][0]
+    state = sg["operators"][1]["inputs"][18]
+    sg["tensors"][state]["quantization"]["zero_point"] = np.array([-110], np.int64)
+    with pytest.raises(ModelError, match="output state and output must share"):
+        load_tree(tree)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from coralrt.errors import ModelError
 from coralrt.model.types import Operator, Subgraph
 
@@ -66,7 +68,60 @@ def _fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
                          f"{units}x{depth} weights give {n_in // depth * units}", where=where)
 
 
-_CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected}
+def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
+    if len(op.inputs) < 20 or op.inputs[0] < 0 or op.inputs[18] < 0 or not op.outputs:
+        raise ModelError("UNIDIRECTIONAL_SEQUENCE_LSTM needs 20+ inputs with an input and an "
+                         "output state", where=where)
+    x, state = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[18]]
+    out = sg.tensors[op.outputs[0]]
+    if len(x.shape) != 3 or len(out.shape) != 3 or out.shape[:2] != x.shape[:2] \
+            or not state.shape or out.shape[2] != state.shape[-1]:
+        raise ModelError(f"UNIDIRECTIONAL_SEQUENCE_LSTM input {list(x.shape)}, output "
+                         f"{list(out.shape)} and state {list(state.shape)} disagree", where=where)
+    qs, qo = state.quantization, out.quantization
+    if x.type_name == "INT8" and qs is not None and qo is not None and (
+            qs.params != qo.params):
+        raise ModelError("UNIDIRECTIONAL_SEQUENCE_LSTM output state and output must share "
+                         "their quantization", where=where)
+
+
+def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
+    # Kernels size their output from the input at prepare time; a declared
+    # output shape that disagrees means every later operator was planned on
+    # sizes the kernels will not produce.
+    if not op.inputs or op.inputs[0] < 0 or not op.outputs:
+        raise ModelError(f"{op.name} needs an input and an output", where=where)
+    a, b = sg.tensors[op.inputs[0]].shape, sg.tensors[op.outputs[0]].shape
+    if a != b:
+        raise ModelError(f"{op.name} output shape {list(b)} differs from its input shape "
+                         f"{list(a)}", where=where)
+
+
+def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
+    if len(op.inputs) != 2 or min(op.inputs) < 0 or not op.outputs:
+        raise ModelError(f"{op.name} needs two inputs and an output", where=where)
+    a, b = (sg.tensors[i].shape for i in op.inputs)
+    try:
+        want = tuple(int(d) for d in np.broadcast_shapes(a, b))
+    except ValueError:
+        raise ModelError(f"{op.name} input shapes {list(a)} and {list(b)} do not broadcast",
+                         where=where) from None
+    out = sg.tensors[op.outputs[0]].shape
+    if out != want:
+        raise ModelError(f"{op.name} output shape {list(out)} is not the broadcast shape "
+                         f"{list(want)} of its inputs", where=where)
+
+
+_SAME_SHAPE = ("QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1",
+               "LOGISTIC", "TANH", "HARD_SWISH", "SOFTMAX", "LOG_SOFTMAX", "L2_NORMALIZATION",
+               "ABS", "NEG", "RSQRT", "SQRT", "EXP", "LOG", "ELU", "LEAKY_RELU", "GELU",
+               "FLOOR", "CEIL", "ROUND", "SIN", "COS", "SQUARE", "SIGN", "CAST")
+_BROADCAST = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE",
+              "FLOOR_DIV", "FLOOR_MOD", "POW")
+
+_CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected,
+           "UNIDIRECTIONAL_SEQUENCE_LSTM": _sequence_lstm,
+           **dict.fromkeys(_SAME_SHAPE, _same_shape), **dict.fromkeys(_BROADCAST, _broadcast)}
 
 
 def check_builtin_op(sg: Subgraph, op: Operator, where: str) -> None:

@@ -82,6 +82,8 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                                  f"{n} tensors)", where=where)
     produced: dict[int, int] = {}
     inputs = set(sg.inputs)
+    # Tensors an operator may read: inputs, constants, state, earlier results.
+    ready = inputs | {i for i, t in enumerate(sg.tensors) if t.is_constant or t.is_variable}
     for oi, op in enumerate(sg.operators):
         owhere = f"{where}, operator {oi} ({op.name})"
         if not op.opcode.is_custom and op.opcode.builtin_code not in BUILTIN_NAMES:
@@ -95,6 +97,12 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                 if not (-1 if optional else 0) <= i < n:
                     raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph "
                                      f"has {n} tensors)", where=owhere)
+        for i in op.inputs:
+            if i >= 0 and i not in ready:
+                raise ModelError(f"input tensor {i} ({sg.tensors[i].name!r}) is read before any "
+                                 f"operator writes it, and is not a constant or a subgraph "
+                                 f"input", where=owhere)
+        ready.update(op.outputs)
         for i in op.outputs:
             if i in produced:
                 raise ModelError(f"tensor {i} is written by operators {produced[i]} and {oi}",
