@@ -109,10 +109,11 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
         if device is None:
             raise ConfigError("this program has Edge TPU segments but no device to run them")
         flush()
-        handle = device.load(bytes(op.custom_options))
-        steps.append(Step("tpu", f"tpu: segment of {len(handle.segment.ops)} op(s) on "
-                                 f"{device.path}", [i], list(op.inputs), list(op.outputs),
-                          _tpu_runner(device, handle), device))
+        handle = device.load(op.custom_options)  # a view: no copy of the parameters
+        n_tpu = sum(1 for s in steps if s.kind == "tpu")
+        steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.path}", [i],
+                          list(op.inputs), list(op.outputs), _tpu_runner(device, handle),
+                          device))
     flush()
     program = Program(steps, list(sg.inputs), list(sg.outputs))
     if host is not None and host.wraps_steps:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 
 from coralrt.compile import segment as seg_format
 from coralrt.delegate.device import EdgeTpuDevice, RunStats
@@ -20,19 +19,19 @@ log = logging.getLogger("coralrt.sim")
 
 
 class LoadedSegment:
-    """A segment loaded on the (simulated) device.
+    """A segment program loaded on the (simulated) device.
 
-    Like the real stick, which caches parameters during the first inference,
-    the kernels are prepared (weights laid out, multipliers computed) on the
-    first run; loading only checks that every operator has a kernel.
+    Like the real stick, which caches a program's parameters during its first
+    inference, the segment is decoded (checksum verified) and its kernels are
+    prepared (weights laid out, multipliers computed) on the first run.
     """
 
-    def __init__(self, segment, estimate: SegmentEstimate, key: int, kernels: dict):
-        SegmentRunner.check_supported(segment, kernels)
-        self.kernels = kernels
-        self.segment = segment
-        self.estimate = estimate
+    def __init__(self, program: bytes, key: bytes, kernels: dict):
+        self.program = program
         self.key = key
+        self.kernels = kernels
+        self.segment = None
+        self.estimate: SegmentEstimate | None = None
         self.runner: SegmentRunner | None = None
 
 
@@ -72,29 +71,34 @@ class SimulatedEdgeTpu(EdgeTpuDevice):
 
     def load(self, program: bytes) -> LoadedSegment:
         self._check_open()
-        key = zlib.crc32(program) ^ (len(program) << 32)
+        # The header holds the format version, total size and the CRC-32 of
+        # everything after it: identical headers mean identical programs.
+        key = bytes(program[:seg_format.HEADER_SIZE])
         with self._lock:
             handle = self._loaded.get(key)
-            if handle is not None:
-                return handle
-            segment = seg_format.decode(program)
-            elsewhere = sum(h.estimate.cached_bytes for h in self._loaded.values())
-            estimate = self.latency.estimate(segment, cached_elsewhere=elsewhere)
-            handle = LoadedSegment(segment, estimate, key, self.kernels)
-            self._loaded[key] = handle
-            log.debug("%s: loaded segment (%d ops, %d parameter bytes)", self.path,
-                      len(segment.ops), segment.parameters.size)
+            if handle is None:
+                handle = self._loaded[key] = LoadedSegment(program, key, self.kernels)
             return handle
+
+    def _upload(self, handle: LoadedSegment) -> float:
+        """Decode and prepare a segment on its first run; the upload's estimated seconds."""
+        segment = seg_format.decode(handle.program)
+        SegmentRunner.check_supported(segment, handle.kernels)
+        elsewhere = sum(h.estimate.cached_bytes for h in self._loaded.values()
+                        if h.estimate is not None)
+        handle.estimate = self.latency.estimate(segment, cached_elsewhere=elsewhere)
+        handle.runner = SegmentRunner(segment, handle.kernels)
+        handle.segment = segment
+        self.uploads += 1
+        log.debug("%s: uploaded segment (%d ops, %d parameter bytes)", self.path,
+                  len(segment.ops), segment.parameters.size)
+        return handle.estimate.upload
 
     def run(self, handle: LoadedSegment, inputs):
         self._check_open()
         start = time.perf_counter()
         with self._lock:
-            upload = 0.0
-            if handle.runner is None:  # first run: the parameters go to the device
-                handle.runner = SegmentRunner(handle.segment, handle.kernels)
-                self.uploads += 1
-                upload = handle.estimate.upload
+            upload = self._upload(handle) if handle.runner is None else 0.0
             outputs = handle.runner.run(inputs)
         host = time.perf_counter() - start
         device = handle.estimate.per_run + upload

@@ -17,6 +17,16 @@ def pytest_configure(config) -> None:
 
 
 @pytest.fixture
+def record_value(request):
+    """``record_value(label, seconds)``: a figure that is not a benchmark median."""
+    medians = request.config.stash[_MEDIANS]
+
+    def record(label: str, seconds: float) -> None:
+        medians[label] = seconds
+    return record
+
+
+@pytest.fixture
 def record_median(request):
     """``record_median(key, benchmark)`` after the benchmark has run."""
     medians = request.config.stash[_MEDIANS]
@@ -35,6 +45,8 @@ RATIOS = [
     ("session", "litert", "ratio session/litert (median)", f"goal <= {RATIO_GOAL}"),
     ("compile_cold", "session_cache_hit", "ratio cold compile / cache-hit session creation",
      "goal >= 10"),
+    ("sim", "litert_reference", "ratio sim / LiteRT BUILTIN_REF (median)", "goal < 1"),
+    ("sim", "litert_default", "ratio sim / LiteRT default kernels (median)", "for reference"),
 ]
 
 
