@@ -337,7 +337,8 @@ def test_demo(capsys, tmp_path):
     assert code == 0, err
     assert save.read_bytes() == build_demo_model().to_bytes()
     lines = out.splitlines()
-    assert sum(line.rstrip().endswith("cpu (litert)") for line in lines) == 7
+    assert sum(line.rstrip().endswith("Edge TPU segment 0 (simulated)") for line in lines) == 7
+    assert "estimated on a Coral USB Accelerator" in out
     top = lines[lines.index("top-5 classes of the synthetic input") + 2:][:5]
     ranks = [line.split() for line in top]
     assert [int(r[0]) for r in ranks] == [1, 2, 3, 4, 5]
@@ -346,3 +347,6 @@ def test_demo(capsys, tmp_path):
     assert int(ranks[0][1]) == int(np.argmax(probs))
     assert float(ranks[0][2]) == pytest.approx(probs.max(), abs=1e-4)
     assert "over 5 runs" in out
+    code, out, err = cli(capsys, "demo", "--target", "cpu", "--runs", "2")
+    assert code == 0, err
+    assert sum(line.rstrip().endswith("cpu (litert)") for line in out.splitlines()) == 7

@@ -1,7 +1,8 @@
 """``coralrt demo``: build the built-in classifier, run it, show where it ran.
 
 Needs no model file and no Edge TPU: the model is made in memory by
-:mod:`coralrt.demo` and runs on the CPU target.
+:mod:`coralrt.demo` and runs on the simulated Edge TPU (``--target sim``, the
+default) or on the CPU.
 """
 
 from __future__ import annotations
@@ -30,17 +31,29 @@ def add_parser(sub, parents) -> None:
                    help="timed runs for the latency median (default: 20)")
     p.add_argument("--threads", type=count_type(1), default=None, metavar="N",
                    help="CPU backend threads (default: the backend's choice)")
+    p.add_argument("--target", choices=("sim", "cpu"), default="sim",
+                   help="sim (default): compile for the Edge TPU and run on the simulated "
+                        "Edge TPU; cpu: the whole model in the CPU backend")
     p.set_defaults(func=command)
 
 
-def placement(sess: InferenceSession) -> list[tuple[int, str, str]]:
-    """``(operator index, operator name, where it ran)`` for each operator.
+def placement(sess: InferenceSession, model) -> list[tuple[int, str, str]]:
+    """``(operator index, operator name, where it ran)`` for each operator of ``model``.
 
-    On the ``cpu`` target the session hands the whole model to one CPU
-    backend, so every operator runs there.
+    On the ``cpu`` target the whole model runs in one CPU backend; on ``sim``
+    the compiler's placement says which Edge TPU segment or CPU step ran it.
     """
-    where = f"{sess.target} ({sess.backend})"
-    return [(i, op.name, where) for i, op in enumerate(sess.model.main.operators)]
+    info = sess.compile_info
+    if not info or not info.get("placement"):
+        where = f"{sess.target} ({sess.backend})"
+        return [(i, op.name, where) for i, op in enumerate(model.main.operators)]
+    rows = []
+    for i, (op, (target, segment, reason)) in enumerate(zip(model.main.operators,
+                                                            info["placement"])):
+        where = (f"Edge TPU segment {segment} (simulated)" if target == "tpu"
+                 else f"cpu ({sess.backend}): {reason}")
+        rows.append((i, op.name, where))
+    return rows
 
 
 def command(args) -> int:
@@ -48,13 +61,13 @@ def command(args) -> int:
     data = model.to_bytes()
     if args.save:
         Path(args.save).write_bytes(data)
-    sess = InferenceSession(model, target="cpu", num_threads=args.threads)
+    sess = InferenceSession(model, target=args.target, num_threads=args.threads)
     image = demo_input()
     outputs, times = timed_runs(sess, image, repeat=args.runs, warmup=1)
     out_info = sess.get_outputs()[0]
     probs = out_info.dequantize(outputs[out_info.name]).reshape(-1)
 
-    sg = sess.model.main
+    sg = model.main
     ops = Counter(op.name for op in sg.operators)
     lines = [f"coralrt demo: a {len(sg.operators)}-operator uint8 image classifier built "
              f"in memory, {len(data):,} bytes"]
@@ -69,7 +82,7 @@ def command(args) -> int:
     lines += ["", f"operators ({len(sg.operators)})",
               table(["operator", "count"], [[k, v] for k, v in ops.items()], right={1})]
     rows = [[i, name, shape_str(sg.tensors[sg.operators[i].outputs[0]].shape), where]
-            for i, name, where in placement(sess)]
+            for i, name, where in placement(sess, model)]
     lines += ["", f"placement (target {sess.target})",
               table(["#", "operator", "output", "ran on"], rows, right={0})]
     top = sorted(range(probs.size), key=lambda i: (-probs[i], i))[:5]
@@ -78,6 +91,10 @@ def command(args) -> int:
                     [[k + 1, i, f"{probs[i]:.4f}"] for k, i in enumerate(top)],
                     right={0, 1, 2})]
     lines += ["", f"latency  median {statistics.median(times):.3f} ms over {len(times)} runs "
-                  f"(min {min(times):.3f} ms)"]
+                  f"(min {min(times):.3f} ms) on this host"]
+    if args.target == "sim":
+        device = sum(s["device_seconds"] for s in sess.profile() if s["kind"] == "tpu")
+        lines.append(f"estimated on a Coral USB Accelerator (USB 3): {device * 1e3:.3f} ms "
+                     f"per inference (coralrt's latency model, not a measurement)")
     print("\n".join(lines))
     return 0
