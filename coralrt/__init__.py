@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from coralrt.delegate.hookspecs import hookimpl
 from coralrt.errors import CoralRTError
 from coralrt.model import Model, load_model
 from coralrt.session import TARGETS, InferenceSession
@@ -14,7 +15,7 @@ from coralrt.tensors import TensorInfo, dequantize, quantize
 
 __all__ = [
     "InferenceSession", "TARGETS", "TensorInfo", "Model", "load_model", "quantize",
-    "dequantize", "CoralRTError", "__version__",
+    "dequantize", "CoralRTError", "hookimpl", "__version__",
 ]
 
 

@@ -82,10 +82,12 @@ class CompilerRegistry:
     compilers: dict[str, object] = field(default_factory=dict)
 
     def add(self, compiler) -> None:
+        """Register ``compiler``; plugins are asked before the built-ins, so a
+        plugin's compiler for a device kind is preferred to coralrt's own."""
         for attr in ("id", "version", "runs_on", "compile_segment"):
             if not hasattr(compiler, attr):
                 raise ConfigError(f"compiler {compiler!r} has no {attr!r}")
-        self.compilers[compiler.id] = compiler
+        self.compilers.setdefault(compiler.id, compiler)
 
     def for_device(self, kind: str):
         """The first registered compiler whose programs run on ``kind`` devices."""
@@ -100,7 +102,9 @@ class DeviceRegistry:
     factories: dict[str, Callable] = field(default_factory=dict)
 
     def add(self, kind: str, factory: Callable) -> None:
-        self.factories[kind] = factory
+        """Register a device kind; the first registration of a kind wins (plugins
+        are asked before the built-ins)."""
+        self.factories.setdefault(kind, factory)
 
     def create(self, kind: str, **options):
         factory = self.factories.get(kind)
