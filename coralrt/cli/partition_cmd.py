@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coralrt.cli._text import dumps, size_str, table
-from coralrt.compile.partition import MODES, PartitionPlan, partition
+from coralrt.compile.partition import MODES, PartitionPlan, partition, summary_lines
 from coralrt.model import load_model
 
 __all__ = ["add_parser", "command", "format_plan"]
@@ -37,23 +37,9 @@ def command(args) -> int:
     return 0
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.2f}MiB"
-
-
 def format_plan(plan: PartitionPlan, name: str) -> str:
-    s = plan.summary
-    lines = [
-        f"Partition of {name} (mode {s['mode']})",
-        f"On-chip memory used for caching model parameters: {_mib(s['on_chip_parameter_bytes'])}",
-        f"Off-chip memory used for streaming uncached model parameters: "
-        f"{_mib(s['off_chip_parameter_bytes'])}",
-        f"Number of Edge TPU subgraphs: {s['segments']}",
-        f"Total number of operations: {s['total_ops']}",
-        f"Number of operations that will run on Edge TPU: {s['tpu_ops']}",
-        f"Number of operations that will run on CPU: {s['cpu_ops']}",
-        "",
-    ]
+    lines = [f"Partition of {name} (mode {plan.summary['mode']})",
+             *summary_lines(plan.summary), ""]
     if plan.segments:
         rows = [[seg.index, len(seg.ops), f"{seg.macs:,}", size_str(seg.parameter_bytes),
                  len(seg.inputs), len(seg.outputs)] for seg in plan.segments]

@@ -18,7 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from coralrt.compile import segment as seg_format
-from coralrt.compile.partition import PartitionPlan, partition, plan_from_groups
+from coralrt.compile.partition import (
+    PartitionPlan, mib, partition, plan_from_groups, summary_lines,
+)
 from coralrt.compile.rules import UNSPECIFIED_LIMITATION
 from coralrt.errors import ModelError, SegmentTooLargeError
 from coralrt.model.extract import extract
@@ -173,10 +175,6 @@ def _prune(sg: Subgraph) -> tuple[Subgraph, dict[int, int]]:
             remap)
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.2f}MiB"
-
-
 def compile_log(result: CompileResult, *, input_name: str, input_size: int,
                 output_name: str, output_size: int) -> str:
     """A log in the layout of edgetpu_compiler's, for ``coralrt compile``."""
@@ -186,19 +184,10 @@ def compile_log(result: CompileResult, *, input_name: str, input_size: int,
         f"Model compiled successfully in {result.seconds * 1e3:.0f} ms.",
         "",
         f"Input model: {input_name}",
-        f"Input size: {_mib(input_size)}",
+        f"Input size: {mib(input_size)}",
         f"Output model: {output_name}",
-        f"Output size: {_mib(output_size)}",
-        f"On-chip memory used for caching model parameters: "
-        f"{_mib(s['on_chip_parameter_bytes'])}",
-        f"On-chip memory remaining for caching model parameters: "
-        f"{_mib(max(0, 8 * 2**20 - s['on_chip_parameter_bytes']))}",
-        f"Off-chip memory used for streaming uncached model parameters: "
-        f"{_mib(s['off_chip_parameter_bytes'])}",
-        f"Number of Edge TPU subgraphs: {s['segments']}",
-        f"Total number of operations: {s['total_ops']}",
-        f"Number of operations that will run on Edge TPU: {s['tpu_ops']}",
-        f"Number of operations that will run on CPU: {s['cpu_ops']}",
+        f"Output size: {mib(output_size)}",
+        *summary_lines(s, remaining=True),
         "",
     ]
     counts = Counter((o.opcode, o.reason) for o in result.plan.ops)

@@ -26,7 +26,7 @@ from coralrt.model.extract import boundary
 from coralrt.model.types import Model, Subgraph
 
 __all__ = ["MODES", "OpPlacement", "SegmentPlan", "PartitionPlan", "partition",
-           "plan_from_groups"]
+           "plan_from_groups", "summary_lines", "mib"]
 
 MODES = ("compat", "multi")
 NOT_WORTH = "Not offloaded: the estimated gain does not cover the USB round trip"
@@ -209,3 +209,25 @@ def plan_from_groups(model: Model, plan: PartitionPlan, groups: list[list[int]],
     for i, reason in (cpu_reasons or {}).items():
         reasons[i] = reason
     return _plan(model, plan.mode, reasons, groups, costs or CostModel())
+
+
+def mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.2f}MiB"
+
+
+def summary_lines(summary: dict, *, remaining: bool = False) -> list[str]:
+    """The summary in edgetpu_compiler's log wording (``coralrt partition`` and
+    ``coralrt compile`` print it)."""
+    on_chip = summary["on_chip_parameter_bytes"]
+    lines = [f"On-chip memory used for caching model parameters: {mib(on_chip)}"]
+    if remaining:
+        lines.append(f"On-chip memory remaining for caching model parameters: "
+                     f"{mib(max(0, CostModel().onchip_parameter_bytes - on_chip))}")
+    return lines + [
+        f"Off-chip memory used for streaming uncached model parameters: "
+        f"{mib(summary['off_chip_parameter_bytes'])}",
+        f"Number of Edge TPU subgraphs: {summary['segments']}",
+        f"Total number of operations: {summary['total_ops']}",
+        f"Number of operations that will run on Edge TPU: {summary['tpu_ops']}",
+        f"Number of operations that will run on CPU: {summary['cpu_ops']}",
+    ]

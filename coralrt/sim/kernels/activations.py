@@ -41,7 +41,7 @@ from coralrt.sim.fixedpoint import (
     wrap_int32,
 )
 from coralrt.sim.kernels import OpContext, register
-from coralrt.sim.kernels.elementwise import activation_range, codes, refuse, round_half_away
+from coralrt.sim.kernels.elementwise import codes, refuse, round_half_away
 
 __all__: list[str] = []
 
