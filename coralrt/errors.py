@@ -144,3 +144,95 @@ class SegmentTooLargeError(ModelError):
 
 class PluginError(CoralRTError, RuntimeError):
     """A plugin could not be loaded or registered, or breaks the plugin contract."""
+
+
+# -- USB device errors ------------------------------------------------------------------
+
+__all__ += [
+    "DeviceError", "DeviceNotFoundError", "DevicePermissionError", "DeviceBusyError",
+    "DeviceTimeoutError", "DeviceLostError", "FirmwareError",
+]
+
+
+class DeviceError(CoralRTError, OSError):
+    """The Coral USB Accelerator (or its simulated stand-in) failed an operation.
+
+    ``errno`` is the operating-system error number when the failure came from
+    one (``errno.EPIPE`` for a stalled endpoint, ``errno.ENODEV`` for a device
+    that left the bus ...), ``path`` the device (``"usb:0"``) when known.
+    ``str(err)`` is the message alone, without the ``[Errno N]`` prefix.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None):
+        self.message = message
+        self.path = path
+        if errno is None:
+            OSError.__init__(self, message)
+        else:
+            OSError.__init__(self, errno, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (_rebuild_device_error, (type(self), self.errno, self.__dict__))
+
+
+def _rebuild_device_error(cls, errno, state):
+    err = cls.__new__(cls)
+    if errno is None:
+        OSError.__init__(err, state.get("message", ""))
+    else:
+        OSError.__init__(err, errno, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+class DeviceNotFoundError(DeviceError):
+    """No Coral USB Accelerator is connected (or none matches the requested path)."""
+
+
+class DevicePermissionError(DeviceError, PermissionError):
+    """The operating system refused access to the stick (usually a missing udev rule)."""
+
+
+class DeviceBusyError(DeviceError):
+    """Another process (``holder_pid``, when known) has the stick open."""
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None,
+                 holder_pid: int | None = None):
+        self.holder_pid = holder_pid
+        super().__init__(message, errno=errno, path=path)
+
+
+class DeviceTimeoutError(DeviceError, TimeoutError):
+    """A transfer or a wait on the stick took longer than its timeout (``timeout`` seconds)."""
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None,
+                 timeout: float | None = None):
+        self.timeout = timeout
+        super().__init__(message, errno=errno, path=path)
+
+
+class DeviceLostError(DeviceError):
+    """The stick left the bus or reported a fatal error; close it and open it again."""
+
+
+class FirmwareError(DeviceError):
+    """The stick's firmware is missing, does not match the pinned checksum, or failed to load."""
+
+
+# -- Edge TPU executables ---------------------------------------------------------------
+
+__all__ += ["ExecutableError"]
+
+
+class ExecutableError(ModelError):
+    """The DWN1 executable package inside an ``edgetpu-custom-op`` is malformed or unusable.
+
+    Raised by :func:`coralrt.usb.dwn1.parse_package` for every defect: a
+    FlexBuffer or flatbuffer that cannot be read, a package that needs a newer
+    runtime, a combination of executables libedgetpu rejects, an invalid batch
+    size, or a size, offset or index outside its range.  ``where`` names the
+    part (for example ``"executable 1 (EXECUTION_ONLY), dma hint 3"``).
+    """

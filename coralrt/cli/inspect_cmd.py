@@ -46,6 +46,25 @@ def _parameter_bytes(model: Model) -> int:
     return sum(seen.values())
 
 
+def _edgetpu_report(model: Model) -> list[dict]:
+    """One entry per ``edgetpu-custom-op``: its DWN1 package, or the reason it is unreadable."""
+    from coralrt.errors import ExecutableError
+    from coralrt.usb.dwn1 import describe, parse_package
+
+    out = []
+    for si, g in enumerate(model.subgraphs):
+        for oi, op in enumerate(g.operators):
+            if op.name != "edgetpu-custom-op":
+                continue
+            entry: dict = {"subgraph": si, "operator": oi}
+            try:
+                entry.update(describe(parse_package(op.custom_options or b"")))
+            except ExecutableError as e:
+                entry.update(error=str(e), executables=[])
+            out.append(entry)
+    return out
+
+
 def model_report(path) -> dict:
     """The description ``coralrt inspect --json`` prints, for a model file.
 
@@ -76,6 +95,7 @@ def model_report(path) -> dict:
         "signatures": [s.key for s in model.signatures],
         "inputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.inputs],
         "outputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.outputs],
+        "edgetpu": _edgetpu_report(model),
     }
 
 
@@ -97,6 +117,24 @@ def _tensor_table(tensors: list[dict]) -> str:
             shape += " (" + shape_str(d["shape_signature"]).replace("-1", "?") + ")"
         rows.append([d["name"], shape, d["dtype"], *_quant_cells(d)])
     return table(["name", "shape", "dtype", "scale", "zero point"], rows, right={4})
+
+
+def _edgetpu_lines(ops: list[dict]) -> list[str]:
+    lines = [f"Edge TPU executables ({len(ops)} edgetpu-custom-op)"]
+    for op in ops:
+        where = f"  subgraph {op['subgraph']}, operator {op['operator']}"
+        if "error" in op:
+            lines.append(f"{where}: unreadable: {op['error']}")
+            continue
+        lines.append(f"{where}: {op['layout']} layout, min runtime version "
+                     f"{op['min_runtime_version']}, compiler {op['compiler_version'] or '-'}")
+        rows = [[e["type"], e["role"], size_str(e["parameters_bytes"]),
+                 size_str(e["instruction_bytes"]), f"{e['caching_token']:#018x}",
+                 f"{len(e['inputs'])} in, {len(e['outputs'])} out"]
+                for e in op["executables"]]
+        lines.append(table(["type", "role", "parameters", "instructions", "caching token",
+                            "layers"], rows, indent="    "))
+    return lines + [""]
 
 
 def format_report(r: dict) -> str:
@@ -124,6 +162,8 @@ def format_report(r: dict) -> str:
     lines = [table(None, head, indent=""), ""]
     lines += [f"inputs ({len(r['inputs'])})", _tensor_table(r["inputs"]), ""]
     lines += [f"outputs ({len(r['outputs'])})", _tensor_table(r["outputs"]), ""]
+    if r.get("edgetpu"):
+        lines += _edgetpu_lines(r["edgetpu"])
     op_rows = [[name, count] for name, count in r["operators"].items()]
     lines += [f"operators ({r['operator_count']})", table(["operator", "count"], op_rows,
                                                            right={1})]

@@ -11,10 +11,28 @@ def coralrt_register_compilers(registry) -> None:
     registry.add(NativeCompiler())
 
 
+def simulated_stick(kernels: dict | None = None):
+    """A simulated Coral USB Accelerator, driven by the real USB driver.
+
+    ``target="sim"`` runs through the same driver code as a real stick: pyusb
+    calls into :class:`coralrt.usb.sim.SimulatedBackend`, which executes the
+    segments with the simulated Edge TPU's kernels and reports the latency
+    model's estimate without waiting for it.  Each session gets its own stick,
+    so state (LSTM) starts fresh as in a new interpreter; the stick is private
+    to the process and takes no cross-process lock.
+    """
+    from coralrt.sim.latency import LatencyModel
+    from coralrt.usb.driver import UsbEdgeTpu
+    from coralrt.usb.sim import SimulatedBackend
+
+    backend = SimulatedBackend(firmware_loaded=True, latency=LatencyModel(), time_scale=0.0,
+                               transcript_limit=256, lock_scope="process", kernels=kernels)
+    return UsbEdgeTpu(None, backend)
+
+
 @hookimpl
 def coralrt_register_devices(registry) -> None:
-    from coralrt.sim.device import SimulatedEdgeTpu
-    registry.add("sim", SimulatedEdgeTpu)
+    registry.add("sim", simulated_stick)
 
 
 @hookimpl

@@ -8,7 +8,8 @@ generated class per table and no dependency on any CPU backend's bindings.
 Every read is checked against the buffer length before it happens, so a
 malformed file raises :class:`FlatbufferError` naming the field being read,
 and no offset is followed outside the buffer.  Numeric vectors are returned as
-zero-copy numpy views into the caller's buffer.
+zero-copy numpy views into the caller's buffer.  :func:`decode_root` runs the
+same decoder over another schema's layout (the Edge TPU executable format).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from coralrt.model._schema import TABLES, UNIONS
 
-__all__ = ["FlatbufferError", "decode", "encode", "FILE_IDENTIFIER"]
+__all__ = ["FlatbufferError", "decode", "decode_root", "compile_layout", "encode",
+           "FILE_IDENTIFIER"]
 
 FILE_IDENTIFIER = b"TFL3"
 
@@ -40,10 +42,18 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 
-# Table layouts pre-split once: (name, vtable entry offset, kind, default).
-_LAYOUT = {
-    name: tuple((f[0], 4 + 2 * f[1], f[2], f[3]) for f in fields) for name, fields in TABLES.items()
-}
+
+def compile_layout(tables: dict) -> dict:
+    """Pre-split a table dict (``_schema.TABLES`` format) for :func:`decode_root`.
+
+    Each field becomes (name, vtable entry offset, kind, default).
+    """
+    return {name: tuple((f[0], 4 + 2 * f[1], f[2], f[3]) for f in fields)
+            for name, fields in tables.items()}
+
+
+# The TFLite table layouts, pre-split once.
+_LAYOUT = compile_layout(TABLES)
 
 
 class FlatbufferError(ValueError):
@@ -55,9 +65,11 @@ class FlatbufferError(ValueError):
 
 
 class _Decoder:
-    def __init__(self, buf):
+    def __init__(self, buf, layout: dict | None = None, unions: dict | None = None):
         self.buf = buf
         self.size = len(buf)
+        self.layout = _LAYOUT if layout is None else layout
+        self.unions = UNIONS if unions is None else unions
 
     def _check(self, pos: int, length: int, where: str) -> None:
         if pos < 0 or length < 0 or pos + length > self.size:
@@ -78,7 +90,8 @@ class _Decoder:
         self._check(vt, vt_len, where)
         self._check(pos, obj_len, where)
         out: dict = {}
-        for name, entry, kind, default in _LAYOUT[tname]:
+        layout = self.layout[tname]
+        for name, entry, kind, default in layout:
             off = _U16.unpack_from(self.buf, vt + entry)[0] if entry < vt_len else 0
             if not off:
                 if default is not None:
@@ -96,10 +109,10 @@ class _Decoder:
             else:
                 out[name] = self.value(self._uoffset(fpos, f"{where}.{name}"), kind,
                                        f"{where}.{name}")
-        for name, _, kind, _ in _LAYOUT[tname]:
+        for name, _, kind, _ in layout:
             if kind.startswith("union:") and name in out:
                 fpos, union = out[name]
-                member = UNIONS[union].get(out.get(name + "_type", 0))
+                member = self.unions[union].get(out.get(name + "_type", 0))
                 # An unknown member comes from a newer schema: keep going without it.
                 out[name] = None if member is None else self.table(
                     self._uoffset(fpos, f"{where}.{name}"), member, f"{where}.{name}")
@@ -141,6 +154,19 @@ def decode(buf) -> dict:
         raise FlatbufferError(f"{len(buf)} bytes is too short to be a TFLite model", "file")
     dec = _Decoder(buf)
     return dec.table(dec._uoffset(0, "root"), "Model", "model")
+
+
+def decode_root(buf, root: str, layout: dict, unions: dict, where: str = "root") -> dict:
+    """Decode a flatbuffer of another schema into a dict tree.
+
+    ``layout`` comes from :func:`compile_layout`, ``unions`` maps a union name
+    to {type tag: table name}, ``root`` names the root table.  Same checks and
+    zero-copy numeric vectors as :func:`decode`.
+    """
+    if len(buf) < 8:
+        raise FlatbufferError(f"{len(buf)} bytes is too short to be a flatbuffer", where)
+    dec = _Decoder(buf, layout, unions)
+    return dec.table(dec._uoffset(0, where), root, where)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""Numbers of the Coral USB Accelerator's USB interface.
+
+Sources (see docs/usb.md and the Edge TPU stack reference, §1): libedgetpu's
+``driver/usb`` (IDs, endpoints, descriptor tags, control requests, timeouts),
+the DFU 1.1 specification (class requests, states, status codes) and the
+register offsets of ``beagle_csr_offsets.h``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# -- identities -----------------------------------------------------------------------------
+BOOTLOADER_ID = (0x1A6E, 0x089A)   # Global Unichip: DFU mode after power-up
+APP_ID = (0x18D1, 0x9302)          # Google: firmware running
+ML_INTERFACE = 0
+
+# -- endpoints (single-endpoint mode) -------------------------------------------------------
+EP_OUT = 0x01         # every host -> device stream, each preceded by an 8-byte header
+EP_OUTPUT = 0x81      # output activations
+EP_EVENT = 0x82       # 16-byte event records
+EP_INTERRUPT = 0x83   # 4-byte interrupt words
+
+# -- descriptor tags ------------------------------------------------------------------------
+TAG_INSTRUCTIONS = 0
+TAG_INPUT = 1
+TAG_PARAMETERS = 2
+TAG_OUTPUT = 3
+TAG_INTERRUPT0 = 4
+TAG_ERROR = 0xF       # coralrt wire protocol: the device does not know the segment
+TAG_NAMES = {0: "instructions", 1: "input", 2: "parameters", 3: "output", 4: "interrupt0",
+             5: "interrupt1", 6: "interrupt2", 7: "interrupt3", 0xF: "error"}
+
+HEADER = struct.Struct("<II")          # payload length, tag & 0xF (bytes 5..7 zero)
+EVENT = struct.Struct("<QIB3x")        # address, length, tag & 0xF
+EVENT_SIZE = 16
+INTERRUPT_SIZE = 4
+FATAL_INTERRUPT_BIT = 0x1
+
+# -- transfer sizes -------------------------------------------------------------------------
+MAX_BULK_OUT = 1 << 20                 # libedgetpu's max_bulk_out_transfer_size
+BULK_IN_CHUNK = {"usb3": 1024, "usb2": 256}      # device outfeed chunk per link speed
+OUTFEED_CHUNK_LENGTH = {"usb3": 0x80, "usb2": 0x20}  # register value, unit 8 bytes
+MAX_BULK_IN = 1 << 20                  # largest single read asked of pyusb
+
+# -- timeouts -------------------------------------------------------------------------------
+DEFAULT_TIMEOUT = 6.0                  # seconds; libedgetpu's usb_timeout_millis
+OPEN_RETRIES = 3                       # attempts to open/claim before giving up
+RETRY_DELAY = 0.2                      # seconds between open attempts
+REENUMERATION_TIMEOUT = 10.0           # seconds to wait for 18d1:9302 after DFU
+
+# -- register access (control transfers) ----------------------------------------------------
+REQ_TYPE_WRITE = 0x40                  # vendor, device, OUT
+REQ_TYPE_READ = 0xC0                   # vendor, device, IN
+REQ_REG64 = 0
+REQ_REG32 = 1
+
+# -- DFU 1.1 --------------------------------------------------------------------------------
+DFU_OUT = 0x21                         # class, interface, OUT
+DFU_IN = 0xA1                          # class, interface, IN
+DFU_DETACH, DFU_DNLOAD, DFU_UPLOAD, DFU_GETSTATUS, DFU_CLRSTATUS, DFU_GETSTATE, DFU_ABORT = range(7)
+DFU_BLOCK_SIZE = 0x100
+DFU_STATES = ("appIDLE", "appDETACH", "dfuIDLE", "dfuDNLOAD-SYNC", "dfuDNBUSY",
+              "dfuDNLOAD-IDLE", "dfuMANIFEST-SYNC", "dfuMANIFEST", "dfuMANIFEST-WAIT-RESET",
+              "dfuUPLOAD-IDLE", "dfuERROR")
+DFU_STATE_IDLE = 2
+DFU_STATE_DNLOAD_SYNC = 3
+DFU_STATE_DNBUSY = 4
+DFU_STATE_DNLOAD_IDLE = 5
+DFU_STATE_MANIFEST_SYNC = 6
+DFU_STATE_MANIFEST = 7
+DFU_STATE_ERROR = 10
+DFU_STATUS_NAMES = ("OK", "errTARGET", "errFILE", "errWRITE", "errERASE", "errCHECK_ERASED",
+                    "errPROG", "errVERIFY", "errADDRESS", "errNOTDONE", "errFIRMWARE",
+                    "errVENDOR", "errUSBR", "errPOR", "errUNKNOWN", "errSTALLEDPKT")
+
+# -- registers (Beagle CSR offsets) ---------------------------------------------------------
+SCU_CTRL_0 = 0x1A30C
+SCU_CTRL_2 = 0x1A314
+SCU_CTRL_3 = 0x1A318
+SCU_CTR_7 = 0x1A33C
+OMC0_00 = 0x1A000
+OMC0_D4 = 0x1A0D4
+OMC0_D8 = 0x1A0D8
+RAMBIST_CTRL_1 = 0x1A704
+SLV_ABM_EN = 0x1A500
+MST_ABM_EN = 0x1A600
+SLV_ERR_RESP_ISR_MASK = 0x1A558
+MST_ERR_RESP_ISR_MASK = 0x1A658
+GCBB_CREDIT0 = 0x1907C
+SCALAR_CORE_RUN_CONTROL = 0x44018
+AV_DATA_POP_RUN_CONTROL = 0x44158
+PARAMETER_POP_RUN_CONTROL = 0x44198
+INFEED_RUN_CONTROL = 0x441D8
+OUTFEED_RUN_CONTROL = 0x44218
+IDLE_REGISTER = 0x4A000
+TILECONFIG0 = 0x48788
+DEEP_SLEEP = 0x40020
+OP_RUN_CONTROL = 0x400C0
+NARROW_TO_WIDE_RUN_CONTROL = 0x40150
+WIDE_TO_NARROW_RUN_CONTROL = 0x40110
+MESH_BUS_RUN_CONTROLS = (0x40250, 0x40298, 0x402E0, 0x40328)
+RING_BUS_RUN_CONTROLS = (0x40190, 0x401D0, 0x40210)   # consumer 0, consumer 1, producer
+DESCR_EP = 0x4C148
+MULTI_BO_EP = 0x4C160
+OUTFEED_CHUNK_LENGTH_REG = 0x4C058
+FATAL_ERR_INT_CONTROL = 0x4C060
+TOP_LEVEL_INT_CONTROLS = (0x4C070, 0x4C080, 0x4C090, 0x4C0A0)
+HIB_ERROR_STATUS = 0x486F0
+HIB_FIRST_ERROR_STATUS = 0x48700
+
+RUN_CONTROL_IDLE, RUN_CONTROL_RUN, RUN_CONTROL_HALT = 0, 1, 2
+
+SCALAR_RUN_CONTROLS = (SCALAR_CORE_RUN_CONTROL, AV_DATA_POP_RUN_CONTROL,
+                       PARAMETER_POP_RUN_CONTROL, INFEED_RUN_CONTROL, OUTFEED_RUN_CONTROL)
+TILE_RUN_CONTROLS = ((OP_RUN_CONTROL, NARROW_TO_WIDE_RUN_CONTROL, WIDE_TO_NARROW_RUN_CONTROL)
+                     + MESH_BUS_RUN_CONTROLS + RING_BUS_RUN_CONTROLS)
+
+
+def register_width(offset: int) -> int:
+    """4 for the 32-bit SCU/OMC/bridge registers (0x1xxxx), else 8 (the GCB CSRs)."""
+    return 4 if offset >> 16 == 1 else 8

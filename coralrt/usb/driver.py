@@ -1,0 +1,441 @@
+"""The Coral USB Accelerator as an :class:`~coralrt.delegate.device.EdgeTpuDevice`.
+
+``open`` finds the stick (bounded retries), takes its per-stick lock,
+downloads the firmware if it is in bootloader mode, resets it, claims
+interface 0 and runs the bring-up register sequence.  ``load`` accepts a
+coralrt segment (the coralrt wire protocol, docs/usb.md) or the
+``custom_options`` of an ``edgetpu-custom-op`` (a DWN1 package); programs are
+prepared and uploaded on their first run.  ``run`` follows the executable's
+DMA hints in order, after the parameter-caching executable when its token is
+not cached yet.  ``close`` halts the chip, releases the interface, resets
+the port and drops the lock.  Any transfer failure leaves the device unusable
+until it is closed and opened again (which resets the stick).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import zlib
+
+import numpy as np
+import usb.core
+import usb.util
+
+from coralrt.compile import segment as seg_format
+from coralrt.delegate.device import EdgeTpuDevice, RunStats
+from coralrt.errors import (
+    DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceTimeoutError,
+    ExecutableError, InputError,
+)
+from coralrt.model.types import numpy_dtype
+from coralrt.usb import bringup, dfu, firmware
+from coralrt.usb import constants as C
+from coralrt.usb.discovery import default_backend, select, speed_name
+from coralrt.usb.framing import Framer, prepare_stream
+from coralrt.usb.lock import DeviceLock
+from coralrt.usb.transforms import InputStager, OutputDecoder
+from coralrt.usb.transport import Transport, translate_error
+
+__all__ = ["UsbEdgeTpu", "open_device", "SegmentProgram", "ExecutableProgram"]
+
+log = logging.getLogger("coralrt.usb")
+
+RUN_MAGIC = b"CRTSRUN\0"
+RUN_RECORD = struct.Struct("<8sII")     # magic, CRC-32 of the segment header, input count
+
+
+class SegmentProgram:
+    """A coralrt segment; decoded (output shapes) on its first run."""
+
+    kind = "segment"
+
+    def __init__(self, data: memoryview):
+        self.data = data
+        self.key = bytes(data[:seg_format.HEADER_SIZE])
+        self.prepared = False
+
+    def prepare(self) -> None:
+        seg = seg_format.decode(self.data)
+        self.inputs = [(seg.tensors[i].shape, numpy_dtype(seg.tensors[i].dtype))
+                       for i in seg.inputs]
+        self.outputs = [(tuple(seg.tensors[i].shape), numpy_dtype(seg.tensors[i].dtype))
+                        for i in seg.outputs]
+        record = RUN_RECORD.pack(RUN_MAGIC, zlib.crc32(self.key), len(seg.inputs))
+        self.run_parts = prepare_stream(C.TAG_INSTRUCTIONS, record)
+        self.prepared = True
+
+
+class ExecutableProgram:
+    """A DWN1 package: the executables libedgetpu would pick, with staged buffers."""
+
+    kind = "dwn1"
+
+    def __init__(self, data: memoryview):
+        from coralrt.usb.dwn1 import parse_package, select_executables
+        self.data = data
+        self.package = parse_package(data)
+        self.cache, self.exe = select_executables(self.package)
+        for e in (self.cache, self.exe):
+            if e is not None and not e.fully_deterministic:
+                raise ExecutableError(
+                    f"the {e.type} executable does not have fully deterministic DMA hints; "
+                    f"libedgetpu refuses such executables over USB unless the device sends "
+                    f"bulk descriptors, which coralrt does not support")
+        if self.cache is not None and not self.cache.caching_token:
+            raise ExecutableError("the parameter-caching executable has caching token 0")
+        self.key = ("dwn1", len(data), zlib.crc32(data))
+        self.prepared = False
+        self.output_dtypes: list | None = None   # host dtypes when they differ (classifiers)
+
+    def prepare(self) -> None:
+        exe = self.exe
+        self.parts = {id(e): [prepare_stream(C.TAG_INSTRUCTIONS, c) for c in e.instructions]
+                      for e in (self.cache, exe) if e is not None}
+        reach: dict[str, int] = {}
+        for h in exe.dma_hints:
+            if h.kind in ("input", "output"):
+                reach[h.name] = max(reach.get(h.name, 0), h.offset + h.size)
+        self.stagers = [InputStager(layer, reach.get(layer.name)) for layer in exe.inputs]
+        self.by_input = {s.layer.name: s for s in self.stagers}
+        wants = self.output_dtypes or [None] * len(exe.outputs)
+        self.decoders = [OutputDecoder(layer, w) for layer, w in zip(exe.outputs, wants)]
+        self.raw = {layer.name: np.zeros(max(reach.get(layer.name, 0),
+                                             layer.size_bytes * layer.execution_count),
+                                         np.uint8) for layer in exe.outputs}
+        self.prepared = True
+
+
+class UsbEdgeTpu(EdgeTpuDevice):
+    """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb)."""
+
+    kind = "usb"
+
+    def __init__(self, path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,
+                 firmware=None, reenumeration_timeout: float = C.REENUMERATION_TIMEOUT,
+                 open_retries: int = C.OPEN_RETRIES):
+        self.requested = path
+        self.path = path or "usb"
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.firmware = firmware
+        self.reenumeration_timeout = reenumeration_timeout
+        self.open_retries = max(1, open_retries)
+        self.info = None
+        self.usb_speed = "unknown"
+        self.chip_info: dict = {}
+        self._dev = None
+        self._t: Transport | None = None
+        self._framer: Framer | None = None
+        self._lock: DeviceLock | None = None
+        self._failed: DeviceError | None = None
+        self._programs: dict = {}
+        self._on_device: set = set()         # segment keys the stick holds
+        self._cached_token: int | None = None
+        self._cached: set = set()            # parameter-caching programs uploaded
+        self._stats = RunStats()
+        self._simulated = type(backend).__name__ == "SimulatedBackend"
+        self._io_lock = threading.RLock()
+
+    # -- open / close -------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._t is not None
+
+    def open(self) -> None:
+        if self._t is not None:
+            return
+        backend = default_backend() if self.backend is None else self.backend
+        self.backend = backend
+        dev, mode, info = self._find(backend)
+        port = info.port_path or f"bus{info.bus}-{info.address}"
+        # A simulated stick private to this process needs no lock across processes.
+        private = getattr(backend, "lock_scope", "machine") == "process"
+        lock = _NoLock() if private else DeviceLock(port, path_name=info.path)
+        lock.acquire()
+        try:
+            if mode == "bootloader":
+                image = firmware.load_image(self.firmware)
+                log.info("%s: downloading firmware (%d bytes)", info.path, len(image))
+                dev = dfu.update(dev, backend, info, image, timeout=self.timeout,
+                                 reenumeration_timeout=self.reenumeration_timeout)
+            else:   # firmware running: reset the port so the chip starts clean
+                dfu.reset_device(dev, path=info.path)
+                dev = dfu.wait_for_app(backend, info, self.reenumeration_timeout)
+            self._claim(dev, info.path)
+            self.usb_speed = speed_name(dev)
+            if self.usb_speed == "usb1":
+                raise DeviceError(f"{info.path}: the stick runs at USB 1 speed, which "
+                                  f"libedgetpu rejects; use a USB 2 or USB 3 port", path=info.path)
+            t = Transport(dev, timeout=self.timeout, path=info.path)
+            self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed)
+        except BaseException:
+            lock.release()
+            raise
+        self._dev, self._t, self._lock, self.info = dev, t, lock, info
+        self.path = info.path
+        self._framer = Framer(t, self.usb_speed)
+        self._failed = None
+        self._on_device.clear()
+        self._cached.clear()
+        self._cached_token = None
+        log.info("%s: open (%s, %s)", self.path, info.port_path or "port unknown", self.usb_speed)
+
+    def _find(self, backend):
+        last: DeviceError | None = None
+        for attempt in range(self.open_retries):
+            if attempt:
+                time.sleep(C.RETRY_DELAY)
+            try:
+                return select(backend, self.requested)
+            except (DeviceNotFoundError, DeviceLostError) as e:
+                last = e
+        raise last
+
+    def _claim(self, dev, path: str) -> None:
+        last: DeviceError | None = None
+        for attempt in range(self.open_retries):
+            if attempt:
+                time.sleep(C.RETRY_DELAY)
+            try:
+                try:
+                    if dev.is_kernel_driver_active(C.ML_INTERFACE):
+                        dev.detach_kernel_driver(C.ML_INTERFACE)
+                except (NotImplementedError, usb.core.USBError):
+                    pass
+                usb.util.claim_interface(dev, C.ML_INTERFACE)
+                return
+            except (usb.core.USBError, OSError) as e:
+                last = translate_error(e, "claiming interface 0", path=path)
+                if not isinstance(last, (DeviceBusyError, DeviceLostError)):
+                    raise last from e
+        raise last
+
+    def close(self) -> None:
+        if self._t is None:
+            return
+        t, dev = self._t, self._dev
+        self._t = self._framer = None
+        try:
+            if self._failed is None:
+                bringup.halt(t)
+        except DeviceError as e:
+            log.debug("%s: halt on close: %s", self.path, e)
+        try:
+            usb.util.release_interface(dev, C.ML_INTERFACE)
+        except (usb.core.USBError, OSError) as e:
+            log.debug("%s: release: %s", self.path, e)
+        try:
+            dfu.reset_device(dev, path=self.path)
+        except DeviceError as e:
+            log.debug("%s: reset on close: %s", self.path, e)
+        if self._lock is not None:
+            self._lock.release()
+        self._on_device.clear()
+        self._cached.clear()
+        self._cached_token = None
+        log.info("%s: closed", self.path)
+
+    def __del__(self):
+        try:
+            if self._lock is not None:
+                self._lock.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- programs -----------------------------------------------------------------------
+    def load(self, program):
+        """A handle for ``program`` (segment bytes or edgetpu-custom-op custom_options)."""
+        data = memoryview(program).cast("B")
+        if bytes(data[:8]) == seg_format.MAGIC:
+            key = bytes(data[:seg_format.HEADER_SIZE])
+            handle = self._programs.get(key)
+            if handle is None:
+                handle = self._programs[key] = SegmentProgram(data)
+            return handle
+        handle = ExecutableProgram(data)
+        return self._programs.setdefault(handle.key, handle)
+
+    def _usable(self) -> Framer:
+        if self._failed is not None:
+            raise DeviceLostError(f"{self.path}: the stick failed earlier ({self._failed}); "
+                                  f"close it and open it again", path=self.path)
+        if self._framer is None:
+            raise DeviceError(f"device {self.path} is not open", path=self.path)
+        return self._framer
+
+    def run(self, handle, inputs):
+        # Sessions may share a stick: one request at a time on the wire.
+        with self._io_lock:
+            return self._run(handle, inputs)
+
+    def _run(self, handle, inputs):
+        framer = self._usable()
+        start = time.perf_counter()
+        upload = 0.0
+        try:
+            if not handle.prepared:
+                handle.prepare()
+            if handle.kind == "segment":
+                upload, outputs = self._run_segment(framer, handle, inputs)
+            else:
+                upload, outputs = self._run_executable(framer, handle, inputs)
+        except DeviceTimeoutError as e:
+            self._failed = e
+            fatal = framer.poll_interrupt(timeout=0.05)
+            if fatal is not None and fatal & C.FATAL_INTERRUPT_BIT:
+                raise self._fatal(fatal) from e
+            raise
+        except DeviceError as e:
+            self._failed = e
+            raise
+        host = time.perf_counter() - start
+        device = self._simulated_device_seconds()
+        self._stats = RunStats(host_seconds=host, device_seconds=device,
+                               parameter_upload_seconds=upload,
+                               computed=handle.kind == "segment" or not self._simulated)
+        return outputs
+
+    def _fatal(self, word: int) -> DeviceLostError:
+        status = bringup.read_fatal_status(self._t) if self._t is not None else None
+        detail = (f"hib_error_status {status[0]:#x}, hib_first_error_status {status[1]:#x}"
+                  if status else "error status unreadable")
+        return DeviceLostError(f"{self.path}: the stick raised a fatal-error interrupt "
+                               f"(word {word:#x}; {detail}); close it and open it again, which "
+                               f"resets it", path=self.path)
+
+    def _simulated_device_seconds(self) -> float:
+        """The simulated stick's estimate of the last run (0 on a real stick: not measured)."""
+        if not self._simulated:
+            return 0.0
+        address = getattr(self._dev, "address", None)
+        for stick in getattr(self.backend, "devices", ()):
+            if getattr(stick, "address", None) == address:
+                last = stick.engine.last_run
+                return float(last.get("device_seconds", 0.0) + last.get("upload_seconds", 0.0))
+        return 0.0
+
+    # -- coralrt segments ---------------------------------------------------------------
+    def _upload_segment(self, framer: Framer, h: SegmentProgram) -> float:
+        start = time.perf_counter()
+        framer.send(C.TAG_PARAMETERS, h.data)
+        _, _, tag = framer.read_event("segment load event")
+        if tag != C.TAG_INTERRUPT0:
+            raise DeviceError(f"{self.path}: the stick refused the segment (event tag {tag:#x})",
+                              path=self.path)
+        self._on_device.add(h.key)
+        return time.perf_counter() - start
+
+    def _run_segment(self, framer: Framer, h: SegmentProgram, inputs):
+        if len(inputs) != len(h.inputs):
+            raise InputError(f"the segment takes {len(h.inputs)} inputs, got {len(inputs)}")
+        arrays = []
+        for i, (value, (shape, dtype)) in enumerate(zip(inputs, h.inputs)):
+            arr = np.ascontiguousarray(value, dtype=dtype)
+            if arr.size != int(np.prod(shape, dtype=np.int64)):
+                raise InputError(f"segment input {i} has shape {list(arr.shape)}, expected "
+                                 f"{list(shape)}")
+            arrays.append(arr)
+        upload = 0.0
+        for attempt in range(2):
+            if h.key not in self._on_device:
+                upload += self._upload_segment(framer, h)
+            framer.send_prepared(C.TAG_INSTRUCTIONS, h.run_parts, 16)
+            for arr in arrays:
+                framer.send(C.TAG_INPUT, arr)
+            outputs = []
+            refused = False
+            for shape, dtype in h.outputs:
+                buf = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, np.uint8)
+                if not framer.read_output(buf, "segment output", allow_refusal=True):
+                    refused = True
+                    break
+                outputs.append(buf.view(dtype.newbyteorder("<")).reshape(shape))
+            _, _, tag = framer.read_event("segment completion event")
+            if tag == C.TAG_INTERRUPT0 and not refused:
+                return upload, outputs
+            if tag != C.TAG_ERROR or attempt:
+                raise DeviceError(f"{self.path}: segment run failed (event tag {tag:#x})",
+                                  path=self.path)
+            log.info("%s: the stick does not hold the segment; loading it again", self.path)
+            self._on_device.discard(h.key)
+        raise AssertionError("unreachable")
+
+    # -- DWN1 executables ---------------------------------------------------------------
+    def _run_executable(self, framer: Framer, h: ExecutableProgram, inputs):
+        exe = h.exe
+        if len(inputs) != len(exe.inputs):
+            raise InputError(f"the executable takes {len(exe.inputs)} inputs "
+                             f"({', '.join(x.name for x in exe.inputs)}), got {len(inputs)}")
+        staged = {s.layer.name: s.stage(v) for s, v in zip(h.stagers, inputs)}
+        token = exe.caching_token
+        if not token or token != self._cached_token:
+            self._cached_token = None
+            self._cached.clear()
+        upload = 0.0
+        if h.cache is not None and h.key not in self._cached:
+            start = time.perf_counter()
+            self._follow_hints(framer, h, h.cache, {}, {})
+            self._cached_token = token
+            self._cached.add(h.key)
+            upload = time.perf_counter() - start
+        self._follow_hints(framer, h, exe, staged, h.raw)
+        return upload, [d.decode(h.raw[d.layer.name]) for d in h.decoders]
+
+    def _follow_hints(self, framer: Framer, h: ExecutableProgram, exe, staged, raw) -> None:
+        parts = h.parts[id(exe)]
+        ended = False
+        for hint in exe.dma_hints:
+            kind = hint.kind
+            ended = kind == "interrupt"
+            if kind == "instruction":
+                framer.send_prepared(C.TAG_INSTRUCTIONS, parts[hint.chunk], hint.size)
+            elif kind == "input":
+                framer.send(C.TAG_INPUT, staged[hint.name][hint.offset:hint.offset + hint.size])
+            elif kind == "parameter":
+                framer.send(C.TAG_PARAMETERS,
+                            exe.parameters[hint.offset:hint.offset + hint.size])
+            elif kind == "output":
+                framer.read_output(raw[hint.name][hint.offset:hint.offset + hint.size],
+                                   f"output {hint.name!r}")
+            elif kind == "scratch":
+                if hint.direction == "outfeed":
+                    framer.read_output(np.empty(hint.size, np.uint8), "scratch")
+                else:
+                    framer.send(C.TAG_INPUT, np.zeros(hint.size, np.uint8))
+            elif kind == "interrupt":
+                self._expect_event(framer, C.TAG_INTERRUPT0 + (hint.interrupt or 0), exe.type)
+        if not ended:
+            self._expect_event(framer, C.TAG_INTERRUPT0, exe.type)
+
+    def _expect_event(self, framer: Framer, want: int, what: str) -> None:
+        _, _, tag = framer.read_event(f"{what} completion event")
+        if tag != want:
+            raise DeviceError(f"{self.path}: {what}: expected an event with tag {want}, got "
+                              f"{tag:#x}", path=self.path)
+
+    @property
+    def last_stats(self) -> RunStats:
+        return self._stats
+
+    def __repr__(self) -> str:
+        state = "open" if self.is_open else "closed"
+        return f"<UsbEdgeTpu {self.path} {state}>"
+
+
+class _NoLock:
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def open_device(path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,
+                firmware=None, **options) -> UsbEdgeTpu:
+    """An opened :class:`UsbEdgeTpu` (``path``: None, "usb:N" or a port path)."""
+    device = UsbEdgeTpu(path, backend, timeout=timeout, firmware=firmware, **options)
+    device.open()
+    return device

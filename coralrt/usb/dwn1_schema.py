@@ -1,0 +1,456 @@
+"""The Edge TPU executable format (DWN1) at the byte level: the flatbuffer
+layout, the readers its container needs, and the layer data conventions.
+
+The same (name, slot, kind, default) table format as ``coralrt.model._schema``
+so the generic decoder in :mod:`coralrt.model.flatbuf` reads it.  Field order
+and types follow libedgetpu's ``executable/executable.fbs`` (Apache-2.0); see
+``shared/reference/executable-format.md``.  The enums are ``short`` there.
+
+``TensorShape.dimension`` is a vector of the 8-byte struct ``Range{start,
+end}``; the generic decoder has no struct vectors, so it is read as
+``[int64]`` and split into (start, end) int32 pairs by the caller.
+``MultiExecutable.serialized_executables`` is a vector of binary strings that
+is read by :func:`binary_strings` (the decoder would insist on UTF-8), and the
+``custom_options`` FlexBuffer map around the package by :class:`FlexReader`
+(the ``flatbuffers.flexbuffers`` reader copies and does not check bounds).
+Both raise :class:`~coralrt.errors.ExecutableError` and return memoryviews.
+
+:class:`Layer` carries what the host must do with an input or output's bytes
+(edgetpu-stack.md section 2.6, after libedgetpu ``api/layer_information.cc``):
+padding, the XOR of signed data, and the relayout of tiled outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from coralrt.errors import ExecutableError
+from coralrt.model.flatbuf import compile_layout
+
+__all__ = ["ENUMS", "TABLES", "UNIONS", "LAYOUT", "IDENTIFIER", "FlexReader", "UnsupportedValue",
+           "binary_strings", "enum_name", "Layer", "OutputLayout", "TensorSlice",
+           "layer_from_table"]
+
+IDENTIFIER = b"DWN1"
+
+ENUMS = {
+    "Description": {0: "output", 1: "input", 2: "parameter", 3: "scratch"},
+    "Position": {0: "LOWER_32BIT", 1: "UPPER_32BIT"},
+    "InterruptType": {0: "SCALAR_CORE_INT_0", 1: "SCALAR_CORE_INT_1",
+                      2: "SCALAR_CORE_INT_2", 3: "SCALAR_CORE_INT_3"},
+    "Direction": {0: "infeed", 1: "outfeed"},
+    "DataType": {0: "FIXED_POINT8", 1: "FIXED_POINT16", 2: "SIGNED_FIXED_POINT32", 3: "BFLOAT",
+                 4: "HALF", 5: "SINGLE", 8: "SIGNED_FIXED_POINT8", 9: "SIGNED_FIXED_POINT16"},
+    "ExecutableType": {0: "STAND_ALONE", 1: "PARAMETER_CACHING", 2: "EXECUTION_ONLY"},
+}
+
+UNIONS = {
+    "AnyHint": {1: "DmaDescriptorHint", 2: "InstructionHint", 3: "InterruptHint",
+                4: "FenceHint"},
+    "AnyLayer": {1: "OutputLayer", 2: "InputLayer"},
+}
+
+# Fields in slot order: "name:kind", "name:kind=default" (a Python literal), or
+# "name:kind?" for a scalar whose absence matters (default None).  Other scalars
+# default to 0 / False, strings, vectors and tables to None.
+_SPEC = {
+    "Meta": "desc:int16 batch:int32 name:string position:int16",
+    "FieldOffset": "meta:Meta offset_bit:int32",
+    "InstructionBitstream": "bitstream:[uint8] field_offsets:[FieldOffset]",
+    "DmaDescriptorHint": "meta:Meta offset_in_bytes:int32 size_in_bytes:int32",
+    "InterruptHint": "type:int16",
+    "InstructionHint": "instruction_chunk_index:int32",
+    "FenceHint": "",
+    "DmaHint": "any_hint_type:utype any_hint:union:AnyHint direction:int16",
+    "DmaHints": "hints:[DmaHint] fully_deterministic:bool",
+    "OutputLayout": "y_coordinate_to_linear_tile_id_map:[int32] "
+                    "x_coordinate_to_linear_tile_id_map:[int32] "
+                    "linearized_tile_byte_offset:[int32] "
+                    "x_coordinate_to_local_byte_offset:[int32] "
+                    "y_coordinate_to_local_y_offset:[int32] "
+                    "x_coordinate_to_local_y_row_size:[int32]",
+    "TensorShape": "dimension:[int64]",  # [Range]: see the module docstring
+    "TensorLayout": "shape:TensorShape stride:[int32]",
+    "OutputShapeInfo": "slice_layout:[TensorLayout] slice_offset:[int32]",
+    "NumericsConstants": "zero_point:int32 dequantization_factor:float32",
+    "OutputLayer": "layout:OutputLayout data_type:int16 shape_info:OutputShapeInfo",
+    "InputLayer": "",
+    "Layer": "name:string size_bytes:int32 y_dim:int32 x_dim:int32 z_dim:int32 "
+             "numerics:NumericsConstants data_type:int16 any_layer_type:utype "
+             "any_layer:union:AnyLayer execution_count_per_inference:int32=1 cache_on_dram:bool "
+             "shape:TensorShape",
+    "Executable": "version:int32 name:string serialized_model:[uint8] batch_size:int32 "
+                  "scratch_size_bytes:int32 instruction_bitstreams:[InstructionBitstream] "
+                  "parameters:[uint8] dma_hints:DmaHints input_layers:[Layer] "
+                  "output_layers:[Layer] chip:string estimated_cycles:int32? "
+                  "used_narrow_memory_bytes_per_tile:int32 type:int16 "
+                  "parameter_caching_token:uint64 use_tpu_dram_for_parameters:bool "
+                  "estimated_cycles_64bit:int64?",
+    "MultiExecutable": "serialized_executables:[string]",  # read by binary_strings()
+    "SerializedPackage": "serialized_package:[uint8]",
+    "Package": "min_runtime_version:int32 serialized_multi_executable:[uint8] signature:[uint8] "
+               "keypair_version:int32 compiler_version:string virtual_chip_id:int32 "
+               "multi_chip_package:[SerializedPackage] model_identifier:string",
+}
+_SCALAR_DEFAULTS = {"bool": False, "float32": 0.0, "int16": 0, "int32": 0, "int64": 0,
+                    "uint64": 0, "utype": 0}
+
+
+def _field(slot: int, item: str) -> tuple:
+    name, kind = item.split(":", 1)
+    kind, _, literal = kind.partition("=")
+    if kind.endswith("?"):
+        return (name, slot, kind[:-1], None)
+    default = ast.literal_eval(literal) if literal else _SCALAR_DEFAULTS.get(kind)
+    return (name, slot, kind, default)
+
+
+TABLES = {name: tuple(_field(i, f) for i, f in enumerate(spec.split()))
+          for name, spec in _SPEC.items()}
+LAYOUT = compile_layout(TABLES)
+
+
+# ---------------------------------------------------------------------------
+# FlexBuffer map (custom_options): a small bounds-checked reader, zero-copy
+
+_FX_NULL, _FX_INT, _FX_UINT, _FX_IND_INT, _FX_IND_UINT = 0, 1, 2, 6, 7
+_FX_STRING, _FX_MAP, _FX_VECTOR, _FX_VECTOR_INT, _FX_VECTOR_UINT = 5, 9, 10, 11, 12
+_FX_VECTOR_STRING, _FX_BLOB, _FX_BOOL = 15, 25, 26
+
+
+class FlexReader:
+    """A bounds-checked, zero-copy reader of the FlexBuffer map in ``custom_options``."""
+
+    def __init__(self, buf: memoryview):
+        self.buf, self.n = buf, len(buf)
+
+    def _fail(self, msg: str):
+        raise ExecutableError(f"custom_options FlexBuffer: {msg}", where="custom_options")
+
+    def uint(self, pos: int, width: int, signed: bool = False) -> int:
+        if width not in (1, 2, 4, 8) or pos < 0 or pos + width > self.n:
+            self._fail(f"read of {width} bytes at {pos} is outside the {self.n}-byte buffer")
+        return int.from_bytes(self.buf[pos:pos + width], "little", signed=signed)
+
+    def indirect(self, pos: int, width: int) -> int:
+        return pos - self.uint(pos, width)
+
+    def sized(self, pos: int, width: int) -> memoryview:
+        n = self.uint(pos - width, width)
+        if pos + n > self.n:
+            self._fail(f"a {n}-byte string at {pos} runs past the end of the buffer")
+        return self.buf[pos:pos + n]
+
+    def value(self, pos: int, width: int, packed: int, depth: int = 0):
+        kind, w = packed >> 2, 1 << (packed & 3)
+        if kind in (_FX_INT, _FX_UINT, _FX_BOOL):
+            return self.uint(pos, width, kind == _FX_INT)
+        if kind in (_FX_IND_INT, _FX_IND_UINT):
+            return self.uint(self.indirect(pos, width), w, kind == _FX_IND_INT)
+        if kind in (_FX_STRING, _FX_BLOB):
+            return self.sized(self.indirect(pos, width), w)
+        if kind == _FX_NULL:
+            return None
+        if kind in (_FX_VECTOR, _FX_VECTOR_INT, _FX_VECTOR_UINT, _FX_VECTOR_STRING) and depth < 2:
+            vec = self.indirect(pos, width)
+            n = self.uint(vec - w, w)
+            if vec + n * w > self.n or (kind == _FX_VECTOR and vec + n * (w + 1) > self.n):
+                self._fail(f"a {n}-element vector at {vec} runs past the end of the buffer")
+            if kind == _FX_VECTOR:
+                types = self.buf[vec + n * w:vec + n * (w + 1)]
+                return [self.value(vec + i * w, w, types[i], depth + 1) for i in range(n)]
+            if kind == _FX_VECTOR_STRING:
+                return [self.sized(self.indirect(vec + i * w, w), w) for i in range(n)]
+            return [self.uint(vec + i * w, w, kind == _FX_VECTOR_INT) for i in range(n)]
+        return UnsupportedValue(kind)
+
+    def root_map(self) -> dict:
+        if self.n < 3:
+            self._fail(f"{self.n} bytes is too short")
+        root_width, packed = self.buf[-1], self.buf[-2]
+        if packed >> 2 != _FX_MAP:
+            self._fail(f"the root is FlexBuffer type {packed >> 2}, not a map")
+        w = 1 << (packed & 3)
+        m = self.indirect(self.n - 2 - root_width, root_width)
+        size = self.uint(m - w, w)
+        keys, key_w = self.indirect(m - 3 * w, w), self.uint(m - 2 * w, w)
+        types = m + size * w
+        if types + size > self.n or keys + size * key_w > self.n:
+            self._fail(f"a {size}-entry map at {m} runs past the end of the buffer")
+        out = {}
+        for i in range(size):
+            k = self.indirect(keys + i * key_w, key_w)
+            end = bytes(self.buf[max(k, 0):k + 64]).find(b"\0") if k >= 0 else -1
+            if end < 0:
+                self._fail(f"map key {i} is not a terminated string")
+            key = bytes(self.buf[k:k + end]).decode("ascii", "replace")
+            out[key] = self.value(m + i * w, w, self.buf[types + i])
+        return out
+
+
+@dataclass(frozen=True)
+class UnsupportedValue:
+    """A FlexBuffer value of a type the custom op never uses (kept, not decoded)."""
+
+    flex_type: int
+
+
+def binary_strings(buf: memoryview, where: str) -> list[memoryview]:
+    """``MultiExecutable.serialized_executables`` as views (binary [string] vector)."""
+    n, u32 = len(buf), struct.Struct("<I")
+
+    def at(pos: int, what: str) -> int:
+        if pos < 0 or pos + 4 > n:
+            raise ExecutableError(f"{what} at {pos} is outside the {n}-byte MultiExecutable",
+                                  where=where)
+        return u32.unpack_from(buf, pos)[0]
+
+    root = at(0, "root offset")
+    vt = root - struct.unpack("<i", struct.pack("<I", at(root, "table")))[0]
+    vt_len = at(vt, "vtable") & 0xFFFF
+    field_off = (at(vt + 4, "vtable entry") & 0xFFFF) if vt_len >= 6 else 0
+    if not field_off:
+        return []
+    vec = root + field_off + at(root + field_off, "vector offset")
+    count = at(vec, "vector length")
+    if vec + 4 + 4 * count > n:
+        raise ExecutableError(f"{count} executables do not fit in the MultiExecutable",
+                              where=where)
+    out = []
+    for i in range(count):
+        pos = vec + 4 + 4 * i
+        s = pos + at(pos, f"executable {i} offset")
+        length = at(s, f"executable {i} length")
+        if s + 4 + length > n:
+            raise ExecutableError(f"executable {i} ({length} bytes) runs past the end",
+                                  where=where)
+        out.append(buf[s + 4:s + 4 + length])
+    return out
+
+
+def enum_name(enum: str, value: int, where: str, what: str) -> str:
+    name = ENUMS[enum].get(value)
+    if name is None:
+        raise ExecutableError(f"unknown {what} {value}", where=where)
+    return name
+
+
+# ---------------------------------------------------------------------------
+# layers
+
+# DataType -> (host dtype, bytes per element)
+_DTYPES = {
+    "FIXED_POINT8": ("uint8", 1), "FIXED_POINT16": ("uint16", 2),
+    "SIGNED_FIXED_POINT32": ("int32", 4), "BFLOAT": ("bfloat16", 2), "HALF": ("float16", 2),
+    "SINGLE": ("float32", 4), "SIGNED_FIXED_POINT8": ("int8", 1),
+    "SIGNED_FIXED_POINT16": ("int16", 2),
+}
+# The TPU works in offset binary: the host XORs 0x80 into the top byte of each
+# signed element, and the executable's zero point is the host's plus this.
+_SIGN_OFFSET = {"SIGNED_FIXED_POINT8": 128, "SIGNED_FIXED_POINT16": 32768}
+
+
+@dataclass(frozen=True, eq=False)
+class OutputLayout:
+    """Where output element (y, x, z) lies in the device's tiled buffer, in elements.
+
+    The fields are the ``OutputLayout`` vectors of the executable, unchanged.
+    """
+
+    y_coordinate_to_linear_tile_id_map: np.ndarray
+    x_coordinate_to_linear_tile_id_map: np.ndarray
+    linearized_tile_byte_offset: np.ndarray
+    x_coordinate_to_local_byte_offset: np.ndarray
+    y_coordinate_to_local_y_offset: np.ndarray
+    x_coordinate_to_local_y_row_size: np.ndarray
+
+    def index(self, y: int, x: int, z: int = 0) -> int:
+        """Element index of (y, x, z) in the raw output (libedgetpu ``GetBufferIndex``)."""
+        return int(self.row_starts(slice(y, y + 1), slice(x, x + 1))[0, 0]) + z
+
+    def row_starts(self, ys=slice(None), xs=slice(None)) -> np.ndarray:
+        """Index of (y, x, 0) for every y in ``ys`` and x in ``xs`` (a 2-D int64 array)."""
+        ty = self.y_coordinate_to_linear_tile_id_map[ys].astype(np.int64)
+        tx = self.x_coordinate_to_linear_tile_id_map[xs].astype(np.int64)
+        ly = self.y_coordinate_to_local_y_offset[ys].astype(np.int64)
+        row = self.x_coordinate_to_local_y_row_size[xs].astype(np.int64)
+        base = self.linearized_tile_byte_offset.astype(np.int64)[ty[:, None] + tx[None, :]]
+        return base + ly[:, None] * row[None, :] + \
+            self.x_coordinate_to_local_byte_offset[xs].astype(np.int64)[None, :]
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """One slice of ``OutputShapeInfo``: inclusive ranges, strides (elements), byte offset."""
+
+    ranges: tuple[tuple[int, int], ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @property
+    def packed(self) -> bool:
+        sizes = [e - s + 1 for s, e in self.ranges]
+        want = [int(np.prod(sizes[i + 1:], dtype=np.int64)) for i in range(len(sizes))]
+        return list(self.stride) == want
+
+
+@dataclass(frozen=True, eq=False)
+class Layer:
+    """An input or output of an executable, with what the host needs to move its data.
+
+    ``zero_point`` is the host-side (TFLite) zero point; ``raw_zero_point``
+    is the executable's, which for signed types is offset by 128 or 32768.
+    ``shape`` comes from the executable's TensorShape when it has one, else
+    it is (y_dim, x_dim, z_dim).  ``padded_z`` (outputs with a y-x layout) is
+    the element distance between neighbouring x positions in the raw output.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    zero_point: int
+    scale: float
+    size_bytes: int
+    x_dim: int
+    y_dim: int
+    z_dim: int
+    padded_z: int | None = None
+    data_type: str = "FIXED_POINT8"
+    raw_zero_point: int = 0
+    execution_count: int = 1
+    cache_on_dram: bool = False
+    is_output: bool = False
+    layout: OutputLayout | None = None
+    slices: tuple[TensorSlice, ...] | None = None
+
+    @property
+    def element_size(self) -> int:
+        return _DTYPES[self.data_type][1]
+
+    @property
+    def signed(self) -> bool:
+        """True when the host XORs 0x80 into each element's top byte (in and out)."""
+        return self.data_type in _SIGN_OFFSET
+
+    @property
+    def element_count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def actual_size_bytes(self) -> int:
+        return self.element_count * self.element_size * self.execution_count
+
+    @property
+    def padded_size_bytes(self) -> int:
+        return self.size_bytes * self.execution_count
+
+    @property
+    def needs_relayout(self) -> bool:
+        """libedgetpu ``NeedsRelayout``: not one packed slice of shape information."""
+        if not self.is_output:
+            return False
+        return not self.slices or len(self.slices) > 1 or not self.slices[0].packed
+
+    @property
+    def is_variable_output(self) -> bool:
+        """LSTM state written back into the input of the same name (minus the suffix)."""
+        return self.is_output and self.name.endswith("_variable_output")
+
+
+def _ranges(shape: dict | None, where: str) -> tuple[tuple[int, int], ...] | None:
+    dims = (shape or {}).get("dimension")
+    if dims is None:
+        return None
+    pairs = tuple((int(s), int(e)) for s, e in dims.view("<i4").reshape(-1, 2))
+    for s, e in pairs:
+        if s < 0 or e < s:
+            raise ExecutableError(f"tensor shape range [{s}, {e}] is invalid", where=where)
+    return pairs
+
+
+def _check_layout(lay: OutputLayout, y: int, x: int, z: int, limit: int, where: str) -> None:
+    vecs = vars(lay)
+    for name, n in (("y_coordinate_to_linear_tile_id_map", y),
+                    ("y_coordinate_to_local_y_offset", y),
+                    ("x_coordinate_to_linear_tile_id_map", x),
+                    ("x_coordinate_to_local_byte_offset", x),
+                    ("x_coordinate_to_local_y_row_size", x)):
+        if len(vecs[name]) < n:
+            raise ExecutableError(f"output layout {name} has {len(vecs[name])} entries for a "
+                                  f"dimension of {n}", where=where)
+    ty = lay.y_coordinate_to_linear_tile_id_map[:y]
+    tx = lay.x_coordinate_to_linear_tile_id_map[:x]
+    lo, hi = int(ty.min()) + int(tx.min()), int(ty.max()) + int(tx.max())
+    if lo < 0 or hi >= len(lay.linearized_tile_byte_offset):
+        raise ExecutableError(f"output layout tile ids {lo}..{hi} are outside the "
+                              f"{len(lay.linearized_tile_byte_offset)} tiles", where=where)
+    step = max(1, (1 << 20) // x)
+    for y0 in range(0, y, step):
+        starts = lay.row_starts(slice(y0, min(y, y0 + step)), slice(0, x))
+        if int(starts.min()) < 0 or int(starts.max()) + z > limit:
+            raise ExecutableError(f"output layout places elements outside the {limit}-element "
+                                  f"output buffer", where=where)
+
+
+def layer_from_table(d: dict, is_output: bool, where: str) -> Layer:
+    """A :class:`Layer` from a decoded ``Layer`` table, checked."""
+    name = d.get("name")
+    where = f"{where} {name!r}"
+    if not name:
+        raise ExecutableError("layer has no name", where=where)
+    data_type = enum_name("DataType", d.get("data_type", 0), where, "data type")
+    dtype, esize = _DTYPES[data_type]
+    y, x, z = d.get("y_dim", 0), d.get("x_dim", 0), d.get("z_dim", 0)
+    size, count = d.get("size_bytes", 0), d.get("execution_count_per_inference", 1)
+    if min(y, x, z) < 1 or count < 1:
+        raise ExecutableError(f"layer dimensions y={y} x={x} z={z} (execution count {count}) "
+                              f"must all be >= 1", where=where)
+    if size < y * x * z * esize:
+        raise ExecutableError(f"size_bytes {size} is smaller than y*x*z*{esize} = "
+                              f"{y * x * z * esize}", where=where)
+    ranges = _ranges(d.get("shape"), where)
+    shape = (y, x, z) if ranges is None else tuple(e - s + 1 for s, e in ranges)
+    numerics = d.get("numerics") or {}
+    raw_zp = numerics.get("zero_point", 0)
+    layout = slices = padded_z = None
+    if is_output:
+        out = d.get("any_layer") if d.get("any_layer_type") == 1 else None
+        if out is None:
+            raise ExecutableError("output layer carries no OutputLayer information",
+                                  where=where)
+        lay = out.get("layout")
+        if lay is not None:
+            layout = OutputLayout(**{f: lay.get(f, np.zeros(0, np.int32))
+                                     for f in OutputLayout.__dataclass_fields__})
+            _check_layout(layout, y, x, z, size * count // esize, where)
+            if x > 1 or y > 1:
+                padded_z = layout.index(0, 1) - layout.index(0, 0) if x > 1 else \
+                    layout.index(1, 0) - layout.index(0, 0)
+        info = out.get("shape_info")
+        if info is not None:
+            layouts, offsets = info.get("slice_layout") or [], info.get("slice_offset")
+            offsets = [] if offsets is None else offsets.tolist()
+            if len(layouts) != len(offsets):
+                raise ExecutableError(f"{len(layouts)} output slices but {len(offsets)} slice "
+                                      f"offsets", where=where)
+            slices = []
+            for t, off in zip(layouts, offsets):
+                r = _ranges(t.get("shape"), where) or ()
+                stride = tuple(int(s) for s in (t.get("stride") if t.get("stride") is not None
+                                                else ()))
+                if len(stride) != len(r) or off < 0 or off % esize:
+                    raise ExecutableError(f"output slice {len(slices)} has {len(r)} ranges, "
+                                          f"{len(stride)} strides, offset {off}", where=where)
+                slices.append(TensorSlice(r, stride, off))
+            slices = tuple(slices)
+    return Layer(
+        name=name, shape=shape, dtype=dtype, zero_point=raw_zp - _SIGN_OFFSET.get(data_type, 0),
+        scale=float(numerics.get("dequantization_factor", 0.0)), size_bytes=size,
+        x_dim=x, y_dim=y, z_dim=z, padded_z=padded_z, data_type=data_type,
+        raw_zero_point=raw_zp, execution_count=count,
+        cache_on_dram=bool(d.get("cache_on_dram", False)), is_output=is_output,
+        layout=layout, slices=slices)

@@ -1,0 +1,306 @@
+"""A simulated Coral USB Accelerator behind pyusb's backend interface.
+
+``usb.core.find(find_all=True, backend=SimulatedBackend())`` lists simulated
+sticks; the host driver then talks to them with ordinary pyusb calls
+(``ctrl_transfer``, ``write``, ``read``, ``reset``), so the same driver code
+runs against this backend and against libusb.  No real stick was used to
+build it: the behaviour follows the Edge TPU stack reference (§1: IDs,
+descriptors, DFU, register access, framing, events) and the recorded
+libedgetpu open trace, and everything not recorded there (the coralrt
+segment protocol, fault behaviour) is this project's own design.
+
+What a stick does is described in :mod:`coralrt.usb.sim_stick` (modes,
+control requests, resets), :mod:`coralrt.usb.sim_dfu` (DFU 1.1),
+:mod:`coralrt.usb.sim_registers` (register answers replayed from the trace)
+and :mod:`coralrt.usb.sim_bulk` (bulk framing, segments, DWN1 streams).
+
+Every transfer is appended to ``backend.transcript`` as a dict with at least
+``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``.  Ops:
+"read"/"write" (registers), "bulk_out" (one per 8-byte header; ``kind``
+"load"/"run"/"input"/"raw"/"drop", raw ones get ``crc32`` when complete),
+"bulk_in", "intr_in", "ctrl" (standard requests), "dfu_<request>", and the
+events "load", "run", "run_unknown", "load_failed", "fatal", "fault",
+"timeout", "reset", "reenumerate", "disconnect", "replug".
+
+Faults (``inject`` or a :class:`FaultPlan`): "timeout" (USBTimeoutError after
+the caller's timeout, capped at ``max_wait`` seconds), "stall" (USBError
+EPIPE), "disconnect" (USBError ENODEV; the stick no longer enumerates until
+``replug``), "fatal" (interrupt word with bit 0 on EP 0x83; bulk transfers
+time out until a reset) fire on the bulk or control transfer that comes
+after ``after`` more such transfers; "slow_reenumeration" delays the
+running-mode device by ``seconds`` after the next DFU reset.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+from collections import deque
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import usb.backend
+
+from coralrt.usb.sim_registers import OPEN_TRACE, parse_trace
+from coralrt.usb.sim_stick import SimulatedStick, usb_error
+
+__all__ = ["SimulatedBackend", "SimulatedStick", "FaultPlan", "Fault", "FAULT_KINDS", "OPEN_TRACE"]
+
+log = logging.getLogger("coralrt.usb")
+
+FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration")
+
+
+@dataclass
+class Fault:
+    kind: str
+    after: int = 0
+    device: int = 0
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; one of {FAULT_KINDS}")
+        if self.after < 0 or self.seconds < 0:
+            raise ValueError("fault 'after' and 'seconds' must be >= 0")
+
+
+@dataclass
+class FaultPlan:
+    """Faults to inject from the start, e.g. ``FaultPlan().add("stall", after=3)``."""
+
+    faults: list[Fault] = field(default_factory=list)
+
+    def add(self, kind: str, *, after: int = 0, device: int = 0,
+            seconds: float = 0.0) -> FaultPlan:
+        self.faults.append(Fault(kind, after, device, seconds))
+        return self
+
+
+class _DevId:
+    """What ``enumerate_devices`` yields: one attachment of a stick."""
+
+    __slots__ = ("stick", "generation")
+
+    def __init__(self, stick: SimulatedStick):
+        self.stick, self.generation = stick, stick.generation
+
+    def __repr__(self):
+        return f"<simulated stick {self.stick.index} attachment {self.generation}>"
+
+
+class _Handle:
+    __slots__ = ("stick", "generation", "closed")
+
+    def __init__(self, devid: _DevId):
+        self.stick, self.generation, self.closed = devid.stick, devid.generation, False
+
+
+class SimulatedBackend(usb.backend.IBackend):
+    """pyusb backend with ``n_devices`` simulated Coral USB Accelerators.
+
+    ``firmware_loaded``: the sticks start in running mode (18d1:9302) instead of
+    bootloader mode.  ``latency``: a :class:`coralrt.sim.latency.LatencyModel`;
+    with it, outputs and events become readable only after the estimated device
+    time (None: device time 0).  ``trace_path``: a TSV trace (the layout of the
+    reference's libedgetpu-open-trace.tsv) whose read answers replace the
+    built-in :data:`OPEN_TRACE`.  ``kernels``: extra kernel factories by
+    operator name, as for :class:`coralrt.sim.device.SimulatedEdgeTpu`.
+    ``max_wait``: longest a simulated timeout or empty read really waits.
+    ``dfu_busy_polls``: GETSTATUS answers of dfuDNBUSY before each block is done.
+    """
+
+    def __init__(self, *, firmware_loaded: bool = False, n_devices: int = 1, latency=None,
+                 usb_speed: str = "usb3", faults: FaultPlan | None = None, trace_path=None,
+                 kernels: dict | None = None, max_wait: float = 0.25,
+                 dfu_busy_polls: int = 0, time_scale: float = 1.0,
+                 transcript_limit: int | None = None, lock_scope: str = "machine"):
+        if usb_speed not in ("usb2", "usb3"):
+            raise ValueError(f"usb_speed must be 'usb2' or 'usb3', not {usb_speed!r}")
+        if n_devices < 0:
+            raise ValueError("n_devices must be >= 0")
+        trace = None
+        if trace_path is not None:
+            with open(trace_path, encoding="utf-8") as f:
+                trace = parse_trace(f.read())
+        # A long-lived stick (the default "sim" device) keeps only the last
+        # ``transcript_limit`` entries; tests keep everything.
+        self.transcript = [] if transcript_limit is None else deque(maxlen=transcript_limit)
+        # "machine": the host's per-stick lock spans processes, as for real
+        # sticks; "process": every process gets its own simulated sticks.
+        self.lock_scope = lock_scope
+        self.max_wait = max_wait
+        self.dfu_busy_polls = dfu_busy_polls
+        self.usb_speed = usb_speed
+        self._addresses = itertools.count(4)
+        self._lock = threading.Lock()
+        self.devices = [SimulatedStick(self, i, firmware_loaded=firmware_loaded,
+                                       usb_speed=usb_speed, latency=latency, kernels=kernels,
+                                       trace=trace, time_scale=time_scale)
+                        for i in range(n_devices)]
+        for f in (faults.faults if faults is not None else ()):
+            self._stick(f.device).faults.append(f)
+
+    # -- test controls -------------------------------------------------------------------
+
+    def inject(self, kind: str, *, after: int = 0, device: int = 0,
+               seconds: float = 0.0) -> None:
+        """Arm a fault on stick ``device`` (see the module docstring for the kinds)."""
+        fault = Fault(kind, after, device, seconds)
+        stick = self._stick(device)
+        with stick.cond:
+            stick.faults.append(fault)
+
+    def replug(self, device: int = 0, *, mode: str | None = None) -> None:
+        """Plug stick ``device`` in again (after a disconnect, or to power-cycle it).
+
+        It enumerates at a new address in ``mode`` ("bootloader" or "running");
+        None means the mode the backend started in, so that tests without a
+        firmware image can recover.  A real stick always comes back in
+        bootloader mode.
+        """
+        if mode not in (None, "bootloader", "running"):
+            raise ValueError(f"mode must be 'bootloader' or 'running', not {mode!r}")
+        self._stick(device).replug(mode)
+
+    def _stick(self, device: int) -> SimulatedStick:
+        if not 0 <= device < len(self.devices):
+            raise ValueError(f"no simulated stick {device} (there are {len(self.devices)})")
+        return self.devices[device]
+
+    def _next_address(self) -> int:
+        with self._lock:
+            return next(self._addresses)
+
+    def _record(self, device: int, op: str, **fields) -> dict:
+        entry = {"op": op, "device": device, "register": None, "value": None, "tag": None,
+                 "length": None}
+        entry.update(fields)
+        self.transcript.append(entry)
+        return entry
+
+    # -- enumeration and descriptors -----------------------------------------------------
+
+    def enumerate_devices(self):
+        return [_DevId(s) for s in self.devices if s.visible]
+
+    def get_parent(self, dev):
+        return None
+
+    def _live(self, dev: _DevId) -> SimulatedStick:
+        dev.stick.check(dev.generation)
+        return dev.stick
+
+    def get_device_descriptor(self, dev):
+        return self._live(dev).descriptor()
+
+    def get_configuration_descriptor(self, dev, config):
+        if config != 0:
+            raise IndexError(f"invalid configuration index {config}")
+        return self._live(dev).config()
+
+    def get_interface_descriptor(self, dev, intf, alt, config):
+        cfg = self.get_configuration_descriptor(dev, config)
+        if intf != 0 or alt != 0:
+            raise IndexError(f"invalid interface {intf} / alternate setting {alt}")
+        return cfg.interface
+
+    def get_endpoint_descriptor(self, dev, ep, intf, alt, config):
+        cfg = self.get_configuration_descriptor(dev, config)
+        if intf != 0 or alt != 0 or not 0 <= ep < len(cfg.endpoints):
+            raise IndexError(f"invalid endpoint index {ep}")
+        return cfg.endpoints[ep]
+
+    # -- handles -------------------------------------------------------------------------
+
+    def open_device(self, dev):
+        stick = self._live(dev)
+        if not stick.visible:
+            raise usb_error(errno.ENODEV, "stick is re-enumerating")
+        return _Handle(dev)
+
+    def close_device(self, dev_handle):
+        stick = dev_handle.stick
+        with stick.cond:
+            if stick.claimed_by is dev_handle:
+                stick.claimed_by = None
+            dev_handle.closed = True
+
+    def _open(self, h: _Handle) -> SimulatedStick:
+        if h.closed:
+            raise usb_error(errno.EINVAL, "handle is closed")
+        h.stick.check(h.generation)
+        return h.stick
+
+    def set_configuration(self, dev_handle, config_value):
+        stick = self._open(dev_handle)
+        if config_value not in (0, 1):
+            raise usb_error(errno.EINVAL, f"configuration {config_value}")
+        with stick.cond:
+            stick.configuration = config_value
+            stick._record("set_configuration", value=config_value)
+
+    def get_configuration(self, dev_handle):
+        return self._open(dev_handle).configuration
+
+    def set_interface_altsetting(self, dev_handle, intf, altsetting):
+        self._open(dev_handle)
+        if intf != 0 or altsetting != 0:
+            raise usb_error(errno.ENOENT, f"interface {intf} alternate setting {altsetting}")
+
+    def claim_interface(self, dev_handle, intf):
+        stick = self._open(dev_handle)
+        if intf != 0:
+            raise usb_error(errno.ENOENT, f"interface {intf}")
+        with stick.cond:
+            if stick.claimed_by is not None and stick.claimed_by is not dev_handle:
+                raise usb_error(errno.EBUSY, "interface 0 is claimed by another handle")
+            stick.claimed_by = dev_handle
+            stick._record("claim_interface", value=intf)
+
+    def release_interface(self, dev_handle, intf):
+        stick = self._open(dev_handle)
+        with stick.cond:
+            if stick.claimed_by is dev_handle:
+                stick.claimed_by = None
+
+    def is_kernel_driver_active(self, dev_handle, intf):
+        self._open(dev_handle)
+        return False
+
+    def detach_kernel_driver(self, dev_handle, intf):
+        self._open(dev_handle)
+
+    def attach_kernel_driver(self, dev_handle, intf):
+        self._open(dev_handle)
+
+    # -- transfers -----------------------------------------------------------------------
+
+    def bulk_write(self, dev_handle, ep, intf, data, timeout):
+        return self._open(dev_handle).bulk_write(dev_handle, ep, data, timeout)
+
+    def bulk_read(self, dev_handle, ep, intf, buff, timeout):
+        return self._open(dev_handle).bulk_read(dev_handle, ep, buff, timeout)
+
+    def intr_read(self, dev_handle, ep, intf, buff, timeout):
+        return self._open(dev_handle).intr_read(dev_handle, ep, buff, timeout)
+
+    def ctrl_transfer(self, dev_handle, bmRequestType, bRequest, wValue, wIndex, data,
+                      timeout):
+        return self._open(dev_handle).control(dev_handle, bmRequestType, bRequest, wValue,
+                                              wIndex, data, timeout)
+
+    def clear_halt(self, dev_handle, ep):
+        stick = self._open(dev_handle)
+        with stick.cond:
+            stick._record("clear_halt", ep=ep)
+
+    def reset_device(self, dev_handle):
+        """Port reset.  After a firmware download the stick re-enumerates as 18d1:9302.
+
+        libusb answers a reset that makes the device re-enumerate with
+        NOT_FOUND; this backend returns normally and lets the old handle fail
+        with ENODEV afterwards, which is what a host sees on its next transfer.
+        """
+        self._open(dev_handle).usb_reset(dev_handle)

@@ -1,0 +1,305 @@
+"""Bulk-endpoint side of the simulated stick: framing, coralrt segments, DWN1 streams.
+
+Host -> device data arrives on EP 0x01 as a byte stream of 8-byte headers
+(payload length u32, tag & 0xF, three zero bytes; reference §1.8) each
+followed by its payload, which may come in any number of bulk writes.  The
+first bytes of a payload tell what it is:
+
+* tag 2 starting with the segment magic: LOAD of a coralrt segment.  It is
+  decoded, prepared for the simulated Edge TPU's kernels, kept under its
+  header bytes, and answered with an event record (address 0, the payload
+  length, tag 4) on EP 0x82, or tag 0xF when it cannot be loaded;
+* tag 0 of 16 bytes starting ``CRTSRUN\\0``: RUN record ``<8sII`` (magic,
+  CRC-32 of the segment header, number of inputs).  The inputs follow as
+  tag 1 streams; the outputs are queued on EP 0x81 (one chunk per output, a
+  read never crosses two outputs) followed by a tag 4 event.  An unknown
+  segment gets a tag 0xF event at once, its inputs are dropped, and reads of
+  EP 0x81 return zero bytes while that error event is unread;
+* anything else is a raw (DWN1) stream: recorded with its CRC-32 and
+  dropped.  After raw streams, EP 0x81 reads return as many zero bytes as
+  asked, and one EP 0x82 read returns a tag 4 event.  The executable's DMA
+  hints are not known here; hosts check the transcript against them.
+
+Framing errors (a tag the host may not send, non-zero reserved header bytes,
+inputs of the wrong size or out of order) raise the fatal-error interrupt;
+the engine then answers nothing until a reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import zlib
+from collections import deque
+
+import numpy as np
+
+from coralrt.compile import segment as seg_format
+from coralrt.model.types import numpy_dtype
+from coralrt.sim.interpreter import SegmentRunner
+from coralrt.usb.constants import (
+    EVENT, HEADER, TAG_ERROR, TAG_INPUT, TAG_INSTRUCTIONS, TAG_INTERRUPT0, TAG_PARAMETERS,
+)
+
+__all__ = ["BulkEngine", "RUN_RECORD", "RUN_MAGIC"]
+
+log = logging.getLogger("coralrt.usb")
+
+RUN_MAGIC = b"CRTSRUN\0"
+RUN_RECORD = struct.Struct("<8sII")
+_PROBE = 8          # payload bytes looked at before deciding what a stream is
+
+
+class _Loaded:
+    def __init__(self, segment, runner, estimate):
+        self.segment, self.runner, self.estimate = segment, runner, estimate
+        self.runs = 0
+
+
+class _Stream:
+    __slots__ = ("tag", "length", "received", "kind", "data", "crc", "entry")
+
+    def __init__(self, tag: int, length: int, entry: dict):
+        self.tag, self.length, self.entry = tag, length, entry
+        self.received = 0
+        self.kind = None          # "load" | "run" | "input" | "drop" | "raw"
+        self.data = bytearray()
+        self.crc = 0
+
+
+class BulkEngine:
+    """Per-stick bulk state.  The stick holds its lock around every call."""
+
+    def __init__(self, record, on_fatal, *, latency=None, kernels=None, time_scale=1.0):
+        self._record = record          # record(op, **fields) -> dict (transcript entry)
+        self._on_fatal = on_fatal      # on_fatal(reason)
+        self.latency = latency
+        # 1: data becomes readable after the estimated device time; 0: at once
+        # (the estimate is still reported in last_run).
+        self.time_scale = time_scale
+        self.kernels = dict(kernels or {})
+        self.loaded: dict[bytes, _Loaded] = {}
+        self.last_run: dict = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Power-on / port reset: loaded segments, queues and stream state are lost."""
+        self.loaded.clear()
+        self._by_crc: dict[int, _Loaded] = {}
+        self._header = bytearray()
+        self._stream: _Stream | None = None
+        self._run: _Loaded | None = None
+        self._inputs: list[bytes] = []
+        self._drop_inputs = 0
+        self.outputs: deque[memoryview] = deque()
+        self.events: deque[bytes] = deque()
+        self.ready_at = 0.0
+        self._error_events = 0
+        self._raw_pending = False
+        self.last_read_zero_filled = False
+        self.fatal: str | None = None
+
+    # -- host -> device ------------------------------------------------------------------
+
+    def write(self, data: memoryview) -> None:
+        pos, n = 0, len(data)
+        while pos < n and self.fatal is None:
+            s = self._stream
+            if s is None:
+                take = min(8 - len(self._header), n - pos)
+                self._header += data[pos:pos + take]
+                pos += take
+                if len(self._header) == 8:
+                    self._start(bytes(self._header))
+                    self._header.clear()
+                continue
+            take = min(s.length - s.received, n - pos)
+            self._feed(s, data[pos:pos + take])
+            pos += take
+            if s.received == s.length:
+                self._finish(s)
+
+    def _start(self, header: bytes) -> None:
+        length, word = HEADER.unpack(header)
+        tag = word & 0xFF
+        entry = self._record("bulk_out", tag=tag, length=length, ep=0x01, kind=None)
+        if word >> 8 or tag not in (TAG_INSTRUCTIONS, TAG_INPUT, TAG_PARAMETERS):
+            self._fatal(f"bad bulk header {header.hex()} (tag {tag}; hosts send tags 0-2 "
+                        f"with bytes 5..7 zero)")
+            return
+        s = self._stream = _Stream(tag, length, entry)
+        if self._run is not None or self._drop_inputs:
+            if tag != TAG_INPUT:
+                self._fatal(f"tag {tag} stream while the segment's inputs are expected")
+                return
+            if self._drop_inputs:
+                s.kind = "drop"
+            else:
+                want = self._run.segment.tensors[self._run.segment.inputs[len(self._inputs)]]
+                if length != want.nbytes:
+                    self._fatal(f"input {len(self._inputs)} has {length} bytes; the segment "
+                                f"expects {want.nbytes}")
+                    return
+                s.kind = "input"
+            entry["kind"] = s.kind
+        if length == 0:
+            self._finish(s)
+
+    def _feed(self, s: _Stream, chunk: memoryview) -> None:
+        s.received += len(chunk)
+        if s.kind is None:
+            s.data += chunk
+            if len(s.data) >= min(_PROBE, s.length):
+                self._classify(s)
+        elif s.kind == "raw":
+            s.crc = zlib.crc32(chunk, s.crc)
+        elif s.kind != "drop":
+            s.data += chunk
+
+    def _classify(self, s: _Stream) -> None:
+        head = bytes(s.data[:_PROBE])
+        if s.tag == TAG_PARAMETERS and head == seg_format.MAGIC:
+            s.kind = "load"
+        elif s.tag == TAG_INSTRUCTIONS and s.length == RUN_RECORD.size and head == RUN_MAGIC:
+            s.kind = "run"
+        else:
+            s.kind = "raw"
+            s.crc = zlib.crc32(s.data)
+            s.data = bytearray()
+        s.entry["kind"] = s.kind
+
+    def _finish(self, s: _Stream) -> None:
+        self._stream = None
+        if s.kind is None:
+            self._classify(s)
+        s.entry["complete"] = True
+        if s.kind == "raw":
+            s.entry["crc32"] = s.crc
+            self._raw_pending = True
+        elif s.kind == "load":
+            self._load(bytes(s.data))
+        elif s.kind == "run":
+            self._start_run(bytes(s.data))
+        elif s.kind == "input":
+            self._inputs.append(bytes(s.data))
+            if len(self._inputs) == len(self._run.segment.inputs):
+                self._execute()
+        elif s.kind == "drop":
+            self._drop_inputs -= 1
+
+    def _event(self, length: int, tag: int) -> None:
+        self.events.append(EVENT.pack(0, length, tag))
+        if tag == TAG_ERROR:
+            self._error_events += 1
+
+    def _load(self, program: bytes) -> None:
+        key = program[:seg_format.HEADER_SIZE]
+        if key in self.loaded:
+            self._event(len(program), TAG_INTERRUPT0)
+            return
+        try:
+            segment = seg_format.decode(program)
+            runner = SegmentRunner(segment, self.kernels)
+        except Exception as e:      # any reason the program cannot run on this stick
+            log.warning("simulated stick: cannot load segment: %s", e)
+            self._record("load_failed", length=len(program), error=str(e))
+            self._event(len(program), TAG_ERROR)
+            return
+        elsewhere = sum(h.estimate.cached_bytes for h in self.loaded.values()
+                        if h.estimate is not None)
+        estimate = (self.latency.estimate(segment, cached_elsewhere=elsewhere)
+                    if self.latency is not None else None)
+        handle = self.loaded[key] = _Loaded(segment, runner, estimate)
+        self._by_crc[zlib.crc32(key)] = handle
+        self._record("load", length=len(program), crc32=zlib.crc32(key),
+                     ops=len(segment.ops))
+        if estimate is not None and self.time_scale:
+            self.ready_at = max(self.ready_at, time.monotonic()) + estimate.upload * self.time_scale
+        self._event(len(program), TAG_INTERRUPT0)
+
+    def _start_run(self, record: bytes) -> None:
+        _, crc, n_inputs = RUN_RECORD.unpack(record)
+        handle = self._by_crc.get(crc)
+        if handle is None:
+            self._record("run_unknown", value=crc, length=n_inputs)
+            self._drop_inputs = n_inputs
+            self._event(0, TAG_ERROR)
+            return
+        if n_inputs != len(handle.segment.inputs):
+            self._fatal(f"RUN announces {n_inputs} inputs; the segment has "
+                        f"{len(handle.segment.inputs)}")
+            return
+        self._run, self._inputs = handle, []
+        if n_inputs == 0:
+            self._execute()
+
+    def _execute(self) -> None:
+        handle, raw = self._run, self._inputs
+        self._run, self._inputs = None, []
+        seg = handle.segment
+        try:
+            arrays = []
+            for tid, data in zip(seg.inputs, raw):
+                t = seg.tensors[tid]
+                arrays.append(np.frombuffer(data, numpy_dtype(t.dtype).newbyteorder("<"))
+                              .reshape(t.shape))
+            outputs = handle.runner.run(arrays)
+        except Exception as e:
+            self._fatal(f"segment run failed: {e}")
+            return
+        total = 0
+        for tid, out in zip(seg.outputs, outputs):
+            dt = numpy_dtype(seg.tensors[tid].dtype).newbyteorder("<")
+            chunk = memoryview(np.ascontiguousarray(out, dt).tobytes())
+            total += len(chunk)
+            if len(chunk):
+                self.outputs.append(chunk)
+        handle.runs += 1
+        est = handle.estimate
+        device = est.per_run if est is not None else 0.0
+        self.last_run = {"device_seconds": device, "runs": handle.runs, "output_bytes": total,
+                         "upload_seconds": est.upload if est is not None and handle.runs == 1
+                         else 0.0}
+        if device and self.time_scale:
+            self.ready_at = max(self.ready_at, time.monotonic()) + device * self.time_scale
+        self._record("run", length=total, outputs=len(outputs))
+        self._event(total, TAG_INTERRUPT0)
+
+    def _fatal(self, reason: str) -> None:
+        self._stream, self._run, self._drop_inputs = None, None, 0
+        self._on_fatal(reason)
+
+    # -- device -> host ------------------------------------------------------------------
+
+    def read_output(self, size: int) -> bytes | None:
+        """Bytes for an EP 0x81 read of ``size``, or None when nothing is ready."""
+        self.last_read_zero_filled = False
+        if self.fatal is not None or time.monotonic() < self.ready_at:
+            return None
+        if self.outputs:
+            head = self.outputs[0]
+            if len(head) <= size:
+                self.outputs.popleft()
+                return bytes(head)
+            self.outputs[0] = head[size:]
+            return bytes(head[:size])
+        if self._error_events:
+            return b""          # the run was refused: a zero-length packet, see the event
+        if self._raw_pending:
+            self.last_read_zero_filled = True
+            return bytes(size)
+        return None
+
+    def read_event(self) -> bytes | None:
+        if self.fatal is not None or time.monotonic() < self.ready_at:
+            return None
+        if self.events:
+            record = self.events.popleft()
+            if record[12] == TAG_ERROR:
+                self._error_events -= 1
+            return record
+        if self._raw_pending:
+            self._raw_pending = False
+            return EVENT.pack(0, 0, TAG_INTERRUPT0)
+        return None

@@ -1,0 +1,385 @@
+"""One simulated Coral USB Accelerator: modes, control requests, endpoints, faults.
+
+A stick starts in bootloader mode (1a6e:089a) or, with firmware already
+loaded, in running mode (18d1:9302).  Control transfers reach the DFU state
+machine (bootloader) or the register file (running, vendor requests of the
+reference §1.5); bulk transfers reach the :class:`~coralrt.usb.sim_bulk.BulkEngine`.
+A USB reset after a successful download re-enumerates the stick in running
+mode at a new address (after a delay with the "slow_reenumeration" fault);
+handles opened before then fail with ENODEV, as libusb's do.
+
+The chip accepts bulk-out data only once the bring-up has set
+``scalarCoreRunControl`` (0x44018) to 1 (run); before that, or after a halt,
+bulk writes time out like a stick that NAKs.  A port reset brings the
+register file back to the recorded power-on answers and forgets loaded
+segments.  Every waiting call honours the caller's timeout, capped at the
+backend's ``max_wait`` so tests stay fast.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import deque
+
+import usb.core
+
+from coralrt.usb import sim_descriptors as desc
+from coralrt.usb.constants import (
+    EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_INTERRUPT_BIT,
+    HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE, REQ_REG32, REQ_REG64,
+    RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL,
+)
+from coralrt.usb.sim_bulk import BulkEngine
+from coralrt.usb.sim_dfu import REQUEST_NAMES, DfuMachine, DfuStall
+from coralrt.usb.sim_registers import RegisterFile
+
+__all__ = ["SimulatedStick", "usb_error"]
+
+log = logging.getLogger("coralrt.usb")
+
+FATAL_ERR_INT_STATUS = 0x4C068
+_LIBUSB = {  # errno -> (libusb code, libusb message)
+    errno.ETIMEDOUT: (-7, "Operation timed out"),
+    errno.EPIPE: (-9, "Pipe error"),
+    errno.ENODEV: (-4, "No such device (it may have been disconnected)"),
+    errno.EBUSY: (-6, "Resource busy"),
+    errno.ENOENT: (-5, "Entity not found"),
+    errno.EOVERFLOW: (-8, "Overflow"),
+    errno.EINVAL: (-2, "Invalid parameter"),
+}
+
+
+def usb_error(code: int, detail: str = "") -> usb.core.USBError:
+    """The exception pyusb's libusb1 backend raises for ``code`` (an errno value)."""
+    lib, text = _LIBUSB[code]
+    cls = usb.core.USBTimeoutError if code == errno.ETIMEDOUT else usb.core.USBError
+    return cls(f"{text} [simulated: {detail}]" if detail else text, lib, code)
+
+
+class SimulatedStick:
+    def __init__(self, backend, index: int, *, firmware_loaded: bool, usb_speed: str,
+                 latency=None, kernels=None, trace=None, time_scale=1.0):
+        self.backend = backend
+        self.index = index
+        self.usb_speed = usb_speed
+        self.bus = 2 if usb_speed == "usb3" else 1
+        self.ports = (index + 1,)
+        self.cond = threading.Condition(threading.RLock())
+        self.registers = RegisterFile(trace) if trace is not None else RegisterFile()
+        self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
+                                 kernels=kernels, time_scale=time_scale)
+        self.interrupts: deque[bytes] = deque()
+        self.faults: list = []           # pending Fault objects, see sim.FaultPlan
+        self.transfers = 0
+        self.claimed_by = None
+        self.configuration = 1
+        self.initial_mode = "running" if firmware_loaded else "bootloader"
+        self.generation = 0
+        self.present = True
+        self.appear_at = 0.0
+        self.firmware_sha256: str | None = None   # of the image running (after DFU)
+        self._power_on(self.initial_mode)
+
+    # -- identity ------------------------------------------------------------------------
+
+    def _power_on(self, mode: str) -> None:
+        self.mode = mode
+        self.generation += 1
+        self.address = self.backend._next_address()
+        self.dfu = DfuMachine(busy_polls=self.backend.dfu_busy_polls)
+        self._soft_reset()
+        self.detach_pending = False
+        self.claimed_by = None
+        self.configuration = 1
+
+    def _soft_reset(self) -> None:
+        self.registers.power_on()
+        self.engine.reset()
+        self.interrupts.clear()
+        self.dfu.usb_reset()
+
+    @property
+    def visible(self) -> bool:
+        return self.present and time.monotonic() >= self.appear_at
+
+    def descriptor(self):
+        return desc.device_descriptor(self.mode, self.usb_speed, bus=self.bus,
+                                      address=self.address, ports=self.ports)
+
+    def config(self):
+        return desc.configuration(self.mode, self.usb_speed)
+
+    def _record(self, op: str, **fields) -> dict:
+        return self.backend._record(self.index, op, **fields)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def check(self, generation: int) -> None:
+        if not self.present or generation != self.generation:
+            raise usb_error(errno.ENODEV, f"stick {self.index} is gone or re-enumerated")
+
+    def _wait(self, seconds: float, ready, generation: int):
+        """Wait (lock released) until ``ready()`` is not None or ``seconds`` pass."""
+        end = time.monotonic() + seconds
+        while True:
+            self.check(generation)
+            value = ready()
+            if value is not None:
+                return value
+            now = time.monotonic()
+            if now >= end:
+                return None
+            # Data delayed by the latency model becomes ready without a notify.
+            pending = self.engine.ready_at - now
+            self.cond.wait(min(end - now, pending + 0.0005) if pending > 0 else end - now)
+
+    def _cap(self, timeout_ms) -> float:
+        limit = self.backend.max_wait
+        return limit if not timeout_ms else min(timeout_ms / 1000.0, limit)
+
+    def _timeout(self, timeout_ms, generation: int, why: str):
+        self._wait(self._cap(timeout_ms), lambda: None, generation)
+        self._record("timeout", detail=why)
+        return usb_error(errno.ETIMEDOUT, why)
+
+    def _raise_fatal(self, reason: str) -> None:
+        log.warning("simulated stick %d: fatal error: %s", self.index, reason)
+        self.engine.fatal = reason
+        self.registers.write(FATAL_ERR_INT_STATUS, 1)
+        self.registers.write(HIB_ERROR_STATUS, 1)
+        self.registers.write(HIB_FIRST_ERROR_STATUS, 1)
+        self.interrupts.append(FATAL_INTERRUPT_BIT.to_bytes(INTERRUPT_SIZE, "little"))
+        self._record("fatal", value=FATAL_INTERRUPT_BIT, detail=reason)
+        self.cond.notify_all()
+
+    def _faults(self, timeout_ms, generation: int) -> None:
+        """Count a bulk/control transfer and fire the injected fault that is due."""
+        due = None
+        for f in self.faults:
+            if f.kind == "slow_reenumeration":
+                continue
+            if f.after == 0 and due is None:
+                due = f
+            elif f.after > 0:
+                f.after -= 1
+        self.transfers += 1
+        if due is None:
+            return
+        self.faults.remove(due)
+        self._record("fault", kind=due.kind)
+        if due.kind == "timeout":
+            raise self._timeout(timeout_ms, generation, "injected timeout")
+        if due.kind == "stall":
+            raise usb_error(errno.EPIPE, "injected stall")
+        if due.kind == "disconnect":
+            self.disconnect()
+            raise usb_error(errno.ENODEV, "injected disconnect")
+        if due.kind == "fatal":
+            self._raise_fatal("injected fatal error")
+
+    # -- plug, unplug, reset -------------------------------------------------------------
+
+    def disconnect(self) -> None:
+        with self.cond:
+            self.present = False
+            self.generation += 1
+            self.claimed_by = None
+            self.cond.notify_all()
+            self._record("disconnect")
+
+    def replug(self, mode: str | None = None) -> None:
+        with self.cond:
+            self.present = True
+            self.appear_at = 0.0
+            self._power_on(mode or self.initial_mode)
+            self._record("replug", mode=self.mode, address=self.address)
+            self.cond.notify_all()
+
+    def usb_reset(self, handle) -> None:
+        with self.cond:
+            self.check(handle.generation)
+            if self.mode == "bootloader" and self.dfu.firmware is not None:
+                self.firmware_sha256 = self.dfu.firmware_sha256
+                self._reenumerate("running")
+                slow = [f for f in self.faults if f.kind == "slow_reenumeration"]
+                if slow:
+                    self.faults.remove(slow[0])
+                    self.appear_at = time.monotonic() + slow[0].seconds
+            elif self.mode == "running" and self.detach_pending:
+                self._reenumerate("bootloader")
+            else:
+                self._soft_reset()
+                self._record("reset", mode=self.mode)
+            self.cond.notify_all()
+
+    def _reenumerate(self, mode: str) -> None:
+        old = self.address
+        self._power_on(mode)
+        self._record("reenumerate", mode=mode, address=self.address, old_address=old)
+
+    # -- control transfers ---------------------------------------------------------------
+
+    def control(self, handle, rtype: int, request: int, value: int, index: int, buff,
+                timeout_ms) -> int:
+        with self.cond:
+            self.check(handle.generation)
+            self._faults(timeout_ms, handle.generation)
+            data_in = bool(rtype & 0x80)
+            mv = memoryview(buff).cast("B")
+            kind = (rtype >> 5) & 3
+            if kind == 0:
+                reply = self._standard(rtype, request, value, index, mv)
+            elif kind == 1:
+                reply = self._dfu(rtype, request, value, index, mv)
+            elif kind == 2:
+                reply = self._register(rtype, request, value, index, mv)
+            else:
+                raise usb_error(errno.EPIPE, f"reserved request type {rtype:#x}")
+            if not data_in:
+                return len(mv)
+            n = min(len(reply), len(mv))
+            mv[:n] = reply[:n]
+            return n
+
+    def _standard(self, rtype, request, value, index, mv) -> bytes:
+        self._record("ctrl", request_type=rtype, request=request, value=value, index=index,
+                     length=len(mv))
+        if rtype == 0x80 and request == 6:           # GET_DESCRIPTOR
+            kind, i = value >> 8, value & 0xFF
+            if kind == 1:
+                return desc.raw_device(self.descriptor())
+            if kind == 2 and i == 0:
+                return desc.raw_configuration(self.config())
+            if kind == 3:
+                serial = f"SIM{self.index:04d}"
+                text = desc.string_descriptor(self.mode, i, serial)
+                if text is not None:
+                    return text
+        elif rtype == 0x80 and request == 0:         # GET_STATUS
+            return b"\0\0"
+        elif rtype == 0x80 and request == 8:         # GET_CONFIGURATION
+            return bytes([self.configuration])
+        elif rtype == 0x00 and request == 9 and value in (0, 1):   # SET_CONFIGURATION
+            self.configuration = value
+            return b""
+        elif rtype in (0x01, 0x02) and request in (1, 11):   # CLEAR_FEATURE, SET_INTERFACE
+            return b""
+        raise usb_error(errno.EPIPE, f"standard request {rtype:#x}/{request} "
+                                     f"wValue={value:#x} is not supported")
+
+    def _dfu(self, rtype, request, value, index, mv) -> bytes:
+        name = REQUEST_NAMES.get(request, str(request))
+        if self.mode == "running":
+            if rtype == 0x21 and request == 0:        # DFU_DETACH from application mode
+                self.detach_pending = True
+                self._record("dfu_detach", value=value)
+                return b""
+            raise usb_error(errno.EPIPE, f"DFU {name} in running mode")
+        if (rtype & 0x80) != (0x80 if request in (2, 3, 5) else 0) or index != 0:
+            self._record(f"dfu_{name}", error="bad direction or interface")
+            raise usb_error(errno.EPIPE, f"DFU {name} with bmRequestType {rtype:#x} "
+                                         f"wIndex {index}")
+        data = bytes(mv) if not rtype & 0x80 else b""
+        try:
+            reply = self.dfu.request(request, value, len(mv), data)
+        except DfuStall as e:
+            self._record(f"dfu_{name}", value=value, length=len(mv), state=self.dfu.state,
+                         error=str(e))
+            raise usb_error(errno.EPIPE, f"DFU: {e}") from None
+        fields = dict(value=value, length=len(mv), state=self.dfu.state,
+                      status=self.dfu.status)
+        if request == 1:
+            fields["block"] = value
+        elif request == 2:
+            fields["length"] = len(reply)
+        self._record(f"dfu_{name}", **fields)
+        return reply or b""
+
+    def _register(self, rtype, request, value, index, mv) -> bytes:
+        if self.mode != "running":
+            raise usb_error(errno.EPIPE, "register access in bootloader mode")
+        width = {REQ_REG64: 8, REQ_REG32: 4}.get(request)
+        register = (index << 16) | value
+        if width is None or len(mv) != width:
+            raise usb_error(errno.EPIPE, f"vendor request {request} with wLength {len(mv)} "
+                                         f"(registers: bRequest 0 = 8 bytes, 1 = 4 bytes)")
+        if rtype & 0x80:
+            answer = self.registers.read(register) & ((1 << 8 * width) - 1)
+            self._record("read", register=register, value=answer, length=width)
+            return answer.to_bytes(width, "little")
+        word = int.from_bytes(mv, "little")
+        self.registers.write(register, word)
+        self._record("write", register=register, value=word, length=width)
+        return b""
+
+    # -- bulk and interrupt --------------------------------------------------------------
+
+    def _check_bulk(self, handle) -> None:
+        self.check(handle.generation)
+        if self.mode != "running":
+            raise usb_error(errno.EPIPE, "bulk transfer in bootloader mode")
+        if self.claimed_by is not handle:
+            raise usb_error(errno.ENOENT, "interface 0 is not claimed by this handle")
+
+    def bulk_write(self, handle, ep: int, data, timeout_ms) -> int:
+        with self.cond:
+            self._check_bulk(handle)
+            self._faults(timeout_ms, handle.generation)
+            if ep != EP_OUT:
+                raise usb_error(errno.EPIPE, f"OUT endpoint {ep:#x}: only single-endpoint "
+                                             f"mode (EP 0x01) is simulated")
+            running = self.registers.peek(SCALAR_CORE_RUN_CONTROL) == RUN_CONTROL_RUN
+            if self.engine.fatal is not None or not running:
+                why = ("after a fatal error" if running else
+                       "the scalar core is not running (bring-up not done or halted)")
+                raise self._timeout(timeout_ms, handle.generation, f"bulk out refused: {why}")
+            mv = memoryview(data).cast("B")
+            self.engine.write(mv)
+            self.cond.notify_all()
+            return len(mv)
+
+    def bulk_read(self, handle, ep: int, buff, timeout_ms) -> int:
+        with self.cond:
+            self._check_bulk(handle)
+            self._faults(timeout_ms, handle.generation)
+            mv = memoryview(buff).cast("B")
+            if ep == EP_OUTPUT:
+                got = self._wait(self._cap(timeout_ms),
+                                 lambda: self.engine.read_output(len(mv)), handle.generation)
+                tag, what = 3, "output"
+            elif ep == EP_EVENT:
+                if len(mv) < EVENT_SIZE:
+                    raise usb_error(errno.EOVERFLOW, f"event read of {len(mv)} bytes < 16")
+                got = self._wait(self._cap(timeout_ms), self.engine.read_event,
+                                 handle.generation)
+                tag, what = (got[12] if got else None), "event"
+            else:
+                raise usb_error(errno.EPIPE, f"bulk IN endpoint {ep:#x}")
+            if got is None:
+                self._record("bulk_in", ep=ep, length=0, error="timeout")
+                raise usb_error(errno.ETIMEDOUT, f"no {what} data on {ep:#x}")
+            mv[:len(got)] = got
+            self._record("bulk_in", ep=ep, tag=tag, length=len(got),
+                         zero_filled=ep == EP_OUTPUT and self.engine.last_read_zero_filled)
+            return len(got)
+
+    def intr_read(self, handle, ep: int, buff, timeout_ms) -> int:
+        with self.cond:
+            self._check_bulk(handle)
+            mv = memoryview(buff).cast("B")
+            if ep != EP_INTERRUPT:
+                raise usb_error(errno.EPIPE, f"interrupt endpoint {ep:#x}")
+            if len(mv) < INTERRUPT_SIZE:
+                raise usb_error(errno.EOVERFLOW, f"interrupt read of {len(mv)} bytes < 4")
+            got = self._wait(self._cap(timeout_ms),
+                             lambda: self.interrupts.popleft() if self.interrupts else None,
+                             handle.generation)
+            if got is None:
+                raise usb_error(errno.ETIMEDOUT, "no interrupt pending")
+            mv[:len(got)] = got
+            self._record("intr_in", ep=ep, value=int.from_bytes(got, "little"),
+                         length=len(got))
+            return len(got)

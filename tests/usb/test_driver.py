@@ -1,0 +1,395 @@
+"""The USB driver against the simulated stick and small fakes: discovery, DFU,
+bring-up (compared with the recorded libedgetpu trace), framing, the coralrt
+segment protocol, DWN1 execution by DMA hints with parameter caching, host
+transforms, firmware handling and the ``coralrt firmware`` command."""
+
+from __future__ import annotations
+
+import array
+import errno
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import usb.core
+from conftest import REPO_ROOT, shared_model
+
+from coralrt.cli.main import main as cli_main
+from coralrt.errors import (
+    DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DevicePermissionError,
+    DeviceTimeoutError, FirmwareError,
+)
+from coralrt.usb import bringup, firmware, list_devices, open_device
+from coralrt.usb import constants as C
+from coralrt.usb.framing import Framer
+from coralrt.usb.lock import DeviceLock
+from coralrt.usb.sim import SimulatedBackend
+from coralrt.usb.transforms import InputStager, OutputDecoder, relayout_index, xor_sign
+from coralrt.usb.transport import Transport, translate_error
+
+TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
+IMAGE = bytes(range(256)) * 42 + b"\x02\x00\x10"      # 10,755 bytes: a stand-in image
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+
+
+def trace_steps() -> list[tuple[str, int, int]]:
+    if not TRACE.is_file():
+        pytest.skip(f"{TRACE} is absent")
+    rows = []
+    for line in TRACE.read_text().splitlines():
+        cols = line.split("\t")
+        if line.startswith("#") or cols[0] == "step":
+            continue
+        rows.append((cols[1], int(cols[4], 16), int(cols[6], 16)))
+    return rows
+
+
+def custom_options(name: str):
+    from coralrt.model import load_model
+    model = load_model(shared_model(f"edgetpu/{name}"))
+    return next(op for op in model.main.operators
+                if op.name == "edgetpu-custom-op").custom_options
+
+
+def bulk(entries):
+    return [(e["op"], e["tag"], e["length"]) for e in entries
+            if e["op"] in ("bulk_out", "bulk_in")]
+
+
+# -- discovery and open --------------------------------------------------------------------
+
+def test_list_devices_both_modes_sorted_with_port_paths():
+    b = SimulatedBackend(n_devices=2)
+    infos = list_devices(b)
+    assert [i.path for i in infos] == ["usb:0", "usb:1"]
+    assert [i.mode for i in infos] == ["bootloader", "bootloader"]
+    assert infos[0].port_path.startswith("/sys/bus/usb/devices/")
+    assert infos[0].port_path < infos[1].port_path
+    with open_device("usb:1", b, firmware=IMAGE) as dev:
+        assert dev.path == "usb:1"
+        modes = {i.port_path: i.mode for i in list_devices(b)}
+        assert modes[infos[1].port_path] == "running"
+        assert modes[infos[0].port_path] == "bootloader"
+
+
+def test_open_by_port_path_and_unknown_paths():
+    b = SimulatedBackend(n_devices=2, firmware_loaded=True)
+    port = list_devices(b)[1].port_path
+    with open_device(port.rsplit("/", 1)[-1], b) as dev:
+        assert dev.info.port_path == port
+    with pytest.raises(DeviceNotFoundError, match="usb:5"):
+        open_device("usb:5", b, open_retries=1)
+    with pytest.raises(DeviceNotFoundError, match="no Coral USB Accelerator"):
+        open_device(None, SimulatedBackend(n_devices=0), open_retries=1)
+
+
+def test_dfu_download_blocks_status_zero_length_end_verify_and_reset():
+    b = SimulatedBackend()
+    with open_device(backend=b, firmware=IMAGE):
+        ops = [e for e in b.transcript if e["op"].startswith("dfu_")]
+    dn = [e for e in ops if e["op"] == "dfu_dnload"]
+    blocks = -(-len(IMAGE) // 256)
+    assert [e["length"] for e in dn] == [256] * (blocks - 1) + [len(IMAGE) % 256, 0]
+    assert [e["block"] for e in dn] == list(range(blocks + 1))
+    names = [e["op"] for e in ops]
+    for i, e in enumerate(names):          # every DNLOAD is followed by GETSTATUS
+        if e == "dfu_dnload":
+            assert names[i + 1] == "dfu_getstatus"
+    assert "dfu_upload" in names and names.index("dfu_upload") > names.index("dfu_dnload")
+    assert b.devices[0].firmware_sha256 == hashlib.sha256(IMAGE).hexdigest()
+    assert any(e["op"] == "reenumerate" for e in b.transcript)
+
+
+def test_bootloader_without_firmware_says_how_to_get_it():
+    with pytest.raises(FirmwareError) as info:
+        open_device(backend=SimulatedBackend())
+    text = str(info.value)
+    assert firmware.FIRMWARE_NAME in text and firmware.FIRMWARE_SHA256 in text
+    assert "coralrt firmware install" in text and "google-coral/libedgetpu" in text
+
+
+def test_installed_firmware_is_verified_and_used(tmp_path, monkeypatch):
+    src = tmp_path / "fw.bin"
+    src.write_bytes(IMAGE)
+    with pytest.raises(FirmwareError, match="sha256"):
+        firmware.install(src)
+    monkeypatch.setattr(firmware, "FIRMWARE_SHA256", hashlib.sha256(IMAGE).hexdigest())
+    path = firmware.install(src.as_uri())               # file:// goes through urllib
+    assert path.read_bytes() == IMAGE and str(tmp_path / "data") in str(path)
+    b = SimulatedBackend()
+    with open_device(backend=b):
+        pass
+    assert b.devices[0].firmware_sha256 == hashlib.sha256(IMAGE).hexdigest()
+
+
+# -- bring-up against the recorded trace ----------------------------------------------------
+
+def test_bringup_writes_match_the_trace_on_the_simulated_stick():
+    want = [(reg, value) for op, reg, value in trace_steps() if op == "write"]
+    b = SimulatedBackend(firmware_loaded=True)
+    with open_device(backend=b):
+        got = [(e["register"], e["value"]) for e in b.transcript if e["op"] == "write"]
+    assert got[:len(want)] == want
+    reads = [e["register"] for e in b.transcript if e["op"] == "read"][:14]
+    assert reads == [reg for op, reg, _ in trace_steps() if op == "read"]
+
+
+class TraceFake:
+    """Only ctrl_transfer: answers reads in the recorded order per register."""
+
+    def __init__(self, steps, *, stuck: int | None = None):
+        self.answers: dict[int, list[int]] = {}
+        for op, reg, value in steps:
+            if op == "read":
+                self.answers.setdefault(reg, []).append(value)
+        self.values: dict[int, int] = {}
+        self.writes: list[tuple[int, int]] = []
+        self.stuck = stuck
+
+    def ctrl_transfer(self, rtype, req, value, index, data_or_len, timeout):
+        reg = (index << 16) | value
+        width = 4 if req == 1 else 8
+        assert timeout > 0
+        if rtype == 0xC0:
+            queue = self.answers.get(reg)
+            if reg == self.stuck:
+                v = 0
+            elif queue:
+                v = self.values[reg] = queue.pop(0)
+            else:
+                v = self.values.get(reg, 0)
+            return array.array("B", v.to_bytes(width, "little"))
+        assert rtype == 0x40 and len(data_or_len) == width
+        v = int.from_bytes(bytes(data_or_len), "little")
+        self.values[reg] = v
+        self.writes.append((reg, v))
+        return width
+
+
+@pytest.mark.parametrize("speed", ["usb3", "usb2"])
+def test_bringup_writes_match_the_trace_on_a_minimal_fake(speed):
+    steps = trace_steps()
+    fake = TraceFake(steps)
+    bringup.bring_up(Transport(fake, timeout=1.0), usb_speed=speed)
+    want = [(reg, value) for op, reg, value in steps if op == "write"]
+    if speed == "usb2":
+        want = [(r, 0x20 if r == C.OUTFEED_CHUNK_LENGTH_REG else v) for r, v in want]
+    assert fake.writes == want
+
+
+def test_bringup_poll_is_bounded_by_the_timeout():
+    import time
+    fake = TraceFake(trace_steps(), stuck=C.SCU_CTRL_3)
+    start = time.monotonic()
+    with pytest.raises(DeviceTimeoutError, match="0x1a318"):
+        bringup.bring_up(Transport(fake, timeout=0.2))
+    assert time.monotonic() - start < 1.0
+
+
+# -- transport, framing, lock ---------------------------------------------------------------
+
+@pytest.mark.parametrize("exc, cls", [
+    (usb.core.USBTimeoutError("t", -7, errno.ETIMEDOUT), DeviceTimeoutError),
+    (usb.core.USBError("a", -3, errno.EACCES), DevicePermissionError),
+    (usb.core.USBError("b", -6, errno.EBUSY), DeviceBusyError),
+    (usb.core.USBError("n", -4, errno.ENODEV), DeviceLostError),
+    (usb.core.USBError("p", -9, errno.EPIPE), DeviceError),
+    (usb.core.USBError("t", -7, None), DeviceTimeoutError),
+    (usb.core.NoBackendError("none"), DeviceNotFoundError),
+])
+def test_translate_error(exc, cls):
+    err = translate_error(exc, "doing x", path="usb:0", timeout=6.0)
+    assert type(err) is cls and "usb:0" in str(err)
+    if cls is DevicePermissionError:
+        assert "99-coralrt.rules" in str(err) and "plugdev" in str(err)
+    if cls is DeviceTimeoutError:
+        assert isinstance(err, TimeoutError) and err.timeout == 6.0
+
+
+def test_framing_header_and_chunks():
+    sent = []
+    fake = SimpleNamespace(write=lambda ep, data, timeout: sent.append((ep, bytes(data),
+                                                                        timeout)) or len(data))
+    framer = Framer(Transport(fake, timeout=2.0), "usb3")
+    framer.send(C.TAG_PARAMETERS, np.arange(C.MAX_BULK_OUT + 10, dtype=np.uint32)
+                .astype(np.uint8))
+    assert sent[0][1] == (C.MAX_BULK_OUT + 10).to_bytes(4, "little") + b"\x02\0\0\0"
+    assert [len(s[1]) for s in sent] == [8, C.MAX_BULK_OUT, 10]
+    assert {s[0] for s in sent} == {C.EP_OUT} and {s[2] for s in sent} == {2000}
+    assert Framer(Transport(fake), "usb2").max_in < Framer(Transport(fake), "usb3").max_in
+
+
+def test_lock_second_holder_gets_busy_with_pid():
+    import os
+    first = DeviceLock("/sys/bus/usb/devices/3-1.2")
+    first.acquire()
+    with pytest.raises(DeviceBusyError) as info:
+        DeviceLock("/sys/bus/usb/devices/3-1.2").acquire()
+    assert info.value.holder_pid == os.getpid() and str(os.getpid()) in str(info.value)
+    first.release()
+    with DeviceLock("/sys/bus/usb/devices/3-1.2"):
+        pass
+
+
+# -- coralrt segments through the session ----------------------------------------------------
+
+def test_session_target_sim_runs_through_the_usb_driver():
+    from coralrt import InferenceSession
+    path = shared_model("mobilenet_v1_0.25_128_quant.tflite")
+    b = SimulatedBackend(firmware_loaded=True)
+    x = np.random.default_rng(1).integers(0, 256, (1, 128, 128, 3), dtype=np.uint8)
+    with open_device(backend=b) as dev:
+        s = InferenceSession(path, target="sim", device=dev)
+        name = s.get_inputs()[0].name
+        got = s.run({name: x})
+        again = s.run({name: x})
+        loads = [e for e in b.transcript if e["op"] == "bulk_out" and e.get("kind") == "load"]
+        assert len(loads) == 1                          # the segment is loaded once
+        b.devices[0].engine.reset()                     # the stick forgets the segment
+        third = s.run({name: x})
+        assert any(e["op"] == "run_unknown" for e in b.transcript)
+    want = InferenceSession(path, target="sim").run({name: x})
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+        np.testing.assert_array_equal(again[k], want[k])
+        np.testing.assert_array_equal(third[k], want[k])
+
+
+# -- DWN1 executables -------------------------------------------------------------------------
+
+def _expected_stream(exe):
+    out = []
+    for h in exe.dma_hints:
+        if h.kind == "instruction":
+            out.append(("bulk_out", 0, h.size))
+        elif h.kind == "input":
+            out.append(("bulk_out", 1, h.size))
+        elif h.kind == "parameter":
+            out.append(("bulk_out", 2, h.size))
+        elif h.kind == "output":
+            out.append(("bulk_in", 3, h.size))
+        elif h.kind == "interrupt":
+            out.append(("bulk_in", 4, 16))
+    return out
+
+
+def test_dwn1_follows_hints_and_caches_parameters_by_token():
+    b = SimulatedBackend(firmware_loaded=True)
+    with open_device(backend=b) as dev:
+        v1 = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+        v2 = dev.load(custom_options("mobilenet_v2_1.0_224_quant_edgetpu.tflite"))
+        xs = [np.full(layer.shape, 7, np.uint8) for layer in v1.exe.inputs]
+        n0 = len(b.transcript)
+        outs = dev.run(v1, xs)
+        n1 = len(b.transcript)
+        dev.run(v1, xs)
+        n2 = len(b.transcript)
+        assert dev.last_stats.computed is False        # zero-filled by the simulated stick
+        dev.run(v2, [np.zeros(layer.shape, np.uint8) for layer in v2.exe.inputs])
+        n3 = len(b.transcript)
+        dev.run(v1, xs)
+        n4 = len(b.transcript)
+    cold, warm = bulk(b.transcript[n0:n1]), bulk(b.transcript[n1:n2])
+    assert cold == _expected_stream(v1.cache) + _expected_stream(v1.exe)
+    assert warm == _expected_stream(v1.exe)
+    assert not [e for e in warm if e[1] == 2]          # no parameter bytes when warm
+    assert cold[0] == ("bulk_out", 0, len(v1.cache.instructions[0]))   # PC instructions first
+    assert [e for e in bulk(b.transcript[n2:n3]) if e[1] == 2]        # other token: upload
+    assert [e for e in bulk(b.transcript[n3:n4]) if e[1] == 2]        # and back: upload again
+    assert outs[0].shape == tuple(v1.exe.outputs[0].shape)
+
+
+# -- transforms --------------------------------------------------------------------------------
+
+def _layer(**kw):
+    base = dict(name="t", shape=(2, 3, 2), dtype="uint8", data_type="FIXED_POINT8",
+                zero_point=0, scale=1.0, size_bytes=16, x_dim=3, y_dim=2, z_dim=2,
+                execution_count=1, layout=None, slices=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_xor_sign_int8_and_int16():
+    a = np.array([-128, -1, 0, 127], np.int8)
+    raw = a.view(np.uint8).copy()
+    xor_sign(raw, "SIGNED_FIXED_POINT8")
+    assert raw.tolist() == [0, 127, 128, 255]
+    b = np.array([-32768, 0, 32767], "<i2")
+    raw = b.view(np.uint8).copy()
+    xor_sign(raw, "SIGNED_FIXED_POINT16")
+    assert raw.view("<u2").tolist() == [0, 32768, 65535]
+
+
+def test_input_stager_pads_and_flips_sign():
+    layer = _layer(shape=(2, 3), dtype="int8", data_type="SIGNED_FIXED_POINT8", size_bytes=8)
+    st = InputStager(layer, 12)
+    buf = st.stage(np.array([[-128, 0, 1], [2, 3, 127]], np.int8))
+    assert buf.tolist() == [0, 128, 129, 130, 131, 255, 0, 0, 0, 0, 0, 0]
+    with pytest.raises(Exception, match="expects 6"):
+        st.stage(np.zeros(5, np.int8))
+
+
+def test_output_relayout_from_tiles():
+    # 2x3 (y, x) of z=2 elements in two tiles: x 0..1 in tile 0, x 2 in tile 1.
+    layout = SimpleNamespace(row_starts=None)
+    ymap, xmap = np.array([0, 0]), np.array([0, 0, 1])
+    tile_off, xoff = np.array([0, 12]), np.array([0, 2, 0])
+    yloc, rowsize = np.array([0, 1]), np.array([6, 6, 2])
+
+    def row_starts(ys, xs):
+        ty, tx = ymap[ys], xmap[xs]
+        return (tile_off[ty[:, None] + tx[None, :]] + yloc[ys][:, None] * rowsize[xs][None, :]
+                + xoff[xs][None, :])
+    layout.row_starts = row_starts
+    layer = _layer(layout=layout)
+    idx = relayout_index(layer)
+    # element (y, x, z) of a known tensor, scattered into the tiled buffer by hand
+    want = np.arange(12, dtype=np.uint8).reshape(2, 3, 2) + 100
+    raw = np.zeros(16, np.uint8)
+    for y in range(2):
+        for x in range(3):
+            base = tile_off[ymap[y] + xmap[x]] + yloc[y] * rowsize[x] + xoff[x]
+            raw[base:base + 2] = want[y, x]
+    assert sorted(idx.tolist()) == sorted(set(idx.tolist()))
+    np.testing.assert_array_equal(OutputDecoder(layer).decode(raw), want)
+
+
+def test_output_slices_and_classifier_clamp():
+    s0 = SimpleNamespace(ranges=((0, 0), (0, 2)), stride=(3, 1), offset=4, packed=True)
+    s1 = SimpleNamespace(ranges=((1, 1), (0, 2)), stride=(3, 1), offset=0, packed=True)
+    layer = _layer(shape=(2, 3), slices=(s0, s1), size_bytes=8)
+    raw = np.array([4, 5, 6, 0, 1, 2, 3, 0], np.uint8)
+    assert OutputDecoder(layer).decode(raw).tolist() == [[1, 2, 3], [4, 5, 6]]
+    cls16 = _layer(shape=(3,), dtype="uint16", data_type="FIXED_POINT16", size_bytes=8)
+    raw = np.array([5, 300, 65535, 0], "<u2").view(np.uint8)
+    assert OutputDecoder(cls16, np.uint8).decode(raw).tolist() == [5, 255, 255]
+    single = _layer(shape=(3,), dtype="float32", data_type="SINGLE", size_bytes=12, scale=0.5,
+                    zero_point=10)
+    raw = np.array([-20.0, 1.0, 200.0], "<f4").view(np.uint8)
+    assert OutputDecoder(single, np.uint8).decode(raw).tolist() == [0, 12, 255]
+    signed = _layer(shape=(2,), dtype="int8", data_type="SIGNED_FIXED_POINT8", size_bytes=8)
+    assert OutputDecoder(signed).decode(np.array([0, 255, 9, 9], np.uint8)).tolist() == [-128,
+                                                                                         127]
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def test_cli_firmware_info_and_install(tmp_path, capsys, monkeypatch):
+    assert cli_main(["firmware", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["sha256"] == firmware.FIRMWARE_SHA256 and info["installed"] == "missing"
+    src = tmp_path / "fw.bin"
+    src.write_bytes(IMAGE)
+    assert cli_main(["firmware", "install", str(src)]) == 1
+    assert "sha256" in capsys.readouterr().err
+    monkeypatch.setattr(firmware, "FIRMWARE_SHA256", hashlib.sha256(IMAGE).hexdigest())
+    assert cli_main(["firmware", "install", str(src)]) == 0
+    assert Path(firmware.installed_path()).read_bytes() == IMAGE

@@ -1,0 +1,154 @@
+"""Faults on the simulated stick give the right coralrt error within the timeout,
+the process survives, and reopening the stick recovers; a second process gets
+DeviceBusyError while the first keeps running inferences."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, shared_model
+
+from coralrt.errors import DeviceBusyError, DeviceError, DeviceLostError, DeviceTimeoutError
+from coralrt.usb import open_device
+from coralrt.usb.sim import SimulatedBackend
+
+TIMEOUT = 0.5
+SLACK = 1.0           # scheduling margin on top of the timeout
+MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="module")
+def program():
+    from coralrt.model import load_model
+    model = load_model(shared_model(MODEL))
+    return next(op.custom_options for op in model.main.operators
+                if op.name == "edgetpu-custom-op")
+
+
+def _inputs(handle):
+    return [np.zeros(layer.shape, np.uint8) for layer in handle.exe.inputs]
+
+
+def _one_run(dev, program):
+    h = dev.load(program)
+    return dev.run(h, _inputs(h))
+
+
+@pytest.mark.parametrize("kind, error, code", [
+    ("timeout", DeviceTimeoutError, errno.ETIMEDOUT),
+    ("stall", DeviceError, errno.EPIPE),
+    ("disconnect", DeviceLostError, errno.ENODEV),
+    ("fatal", DeviceLostError, None),
+])
+@pytest.mark.parametrize("after", [0, 2])
+def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, error, code, after):
+    b = SimulatedBackend(firmware_loaded=True, max_wait=TIMEOUT)
+    dev = open_device(backend=b, timeout=TIMEOUT)
+    _one_run(dev, program)                     # warm: parameters cached
+    b.inject(kind, after=after)
+    start = time.monotonic()
+    with pytest.raises(error) as info:
+        _one_run(dev, program)
+    elapsed = time.monotonic() - start
+    assert elapsed < TIMEOUT + SLACK, f"{kind}: error after {elapsed:.2f} s"
+    if code is not None:
+        assert info.value.errno == code
+    if kind == "fatal":
+        assert "fatal" in str(info.value)
+    start = time.monotonic()                   # a failed device fails fast afterwards
+    with pytest.raises(DeviceLostError, match="close it and open it again"):
+        _one_run(dev, program)
+    assert time.monotonic() - start < 0.1
+    dev.close()
+    if kind == "disconnect":
+        b.replug(0)
+    with open_device(backend=b, timeout=TIMEOUT) as again:
+        out = _one_run(again, program)         # parameters uploaded again after the reset
+        assert out[0].shape == (1, 1001)
+    tags = [e["tag"] for e in b.transcript if e["op"] == "bulk_out"]
+    assert tags.count(2) == 2
+
+
+def test_slow_reenumeration_after_dfu_times_out_then_recovers(program):
+    b = SimulatedBackend(max_wait=TIMEOUT)
+    b.inject("slow_reenumeration", seconds=1.5)
+    start = time.monotonic()
+    with pytest.raises(DeviceTimeoutError, match="18d1:9302") as info:
+        open_device(backend=b, timeout=TIMEOUT, firmware=b"\x02" * 300,
+                    reenumeration_timeout=0.4)
+    elapsed = time.monotonic() - start
+    assert 0.4 <= elapsed < 0.4 + SLACK and info.value.timeout == 0.4
+    time.sleep(max(0.0, 1.6 - elapsed))
+    with open_device(backend=b, timeout=TIMEOUT) as dev:      # it came back, running
+        assert _one_run(dev, program)[0].shape == (1, 1001)
+
+
+def test_slow_reenumeration_within_the_wait_succeeds(program):
+    b = SimulatedBackend(max_wait=TIMEOUT)
+    b.inject("slow_reenumeration", seconds=0.3)
+    start = time.monotonic()
+    with open_device(backend=b, timeout=TIMEOUT, firmware=b"\x02" * 300,
+                     reenumeration_timeout=3.0) as dev:
+        assert time.monotonic() - start >= 0.3
+        assert _one_run(dev, program)[0].shape == (1, 1001)
+
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from coralrt.model import load_model
+    from coralrt.usb import open_device
+    from coralrt.usb.sim import SimulatedBackend
+    model = load_model(sys.argv[1])
+    program = next(op.custom_options for op in model.main.operators
+                   if op.name == "edgetpu-custom-op")
+    dev = open_device(backend=SimulatedBackend(firmware_loaded=True))
+    h = dev.load(program)
+    xs = [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs]
+    dev.run(h, xs)
+    print("ready", flush=True)
+    sys.stdin.readline()              # the other process has tried to open the stick
+    runs = 0
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        dev.run(h, xs)
+        runs += 1
+    dev.close()
+    print("runs", runs, flush=True)
+""")
+
+
+def test_second_process_gets_busy_while_the_first_keeps_running():
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(shared_model(MODEL))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        with pytest.raises(DeviceBusyError) as info:
+            open_device(backend=SimulatedBackend(firmware_loaded=True))
+        assert time.monotonic() - start < 1.0
+        assert info.value.holder_pid == holder.pid and str(holder.pid) in str(info.value)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        out, _ = holder.communicate(timeout=20)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert holder.returncode == 0
+    assert int(out.split()[-1]) > 0
+    with open_device(backend=SimulatedBackend(firmware_loaded=True)):   # free again
+        pass
