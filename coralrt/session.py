@@ -31,8 +31,9 @@ class InferenceSession:
     """Run a TFLite model on a target.
 
     :param model: a path, the model's bytes, or a :class:`coralrt.model.Model`.
-    :param target: ``"cpu"`` (whole model on the CPU backend), ``"sim"``,
-        ``"coral"`` or ``"auto"`` (see docs/architecture.md).
+    :param target: ``"cpu"`` (whole model on the CPU backend), ``"sim"``
+        (simulated Edge TPU), ``"coral"`` (a Coral USB Accelerator; this version
+        runs edgetpu_compiler-compiled models there) or ``"auto"``.
     :param num_threads: CPU backend threads; ``None`` lets the backend choose.
     :param backend: CPU backend name (``"litert"``, ``"tflite_runtime"``);
         ``None`` picks the first installed.
@@ -71,16 +72,15 @@ class InferenceSession:
         self._backend = get_backend(backend)
         self._host = plugin_host(tuple(plugins or ()))
         self._override = override_builtins
+        self._warned = False
         if target == "auto":
             # No Edge TPU driver is part of this build yet, so auto means CPU.
             log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
             target = "cpu"
-        if target == "coral":
-            raise TargetUnavailableError(
-                "target 'coral' is not available in this version of coralrt; use target='cpu' "
-                "or target='sim'")
         self.target = target
-        if target == "sim":
+        if target == "coral":
+            self._program = self._init_coral(model, device, num_threads, cpu_kernels)
+        elif target == "sim":
             self._program = self._init_sim(model, partition_mode, cache, device, num_threads,
                                            cpu_kernels)
         else:
@@ -133,6 +133,30 @@ class InferenceSession:
                              num_threads=num_threads, cpu_kernels=cpu_kernels, host=host,
                              override_builtins=self._override)
 
+    def _init_coral(self, model, device, num_threads, cpu_kernels):
+        from coralrt.delegate.executor import build_program
+        self.model = load_model(model)
+        if not self.model.is_edgetpu_compiled:
+            raise TargetUnavailableError(
+                "target 'coral' runs models compiled by edgetpu_compiler (*_edgetpu.tflite) in "
+                "this version; compiling plain models for a real stick needs the "
+                "edgetpu_compiler plugin, which is not part of it yet. Compile the model with "
+                "edgetpu_compiler, or use target='sim'")
+        if device is None:
+            from coralrt.usb import open_device
+            device = open_device()  # DeviceNotFoundError when no stick is attached
+        self.device = device
+        return build_program(self.model, device=device, backend=self._backend,
+                             num_threads=num_threads, cpu_kernels=cpu_kernels, host=self._host,
+                             override_builtins=self._override)
+
+    @property
+    def outputs_computed(self) -> bool:
+        """False when the last run's Edge TPU outputs are placeholders (an
+        edgetpu_compiler program on the simulated stick, which cannot execute
+        Google's instructions)."""
+        return all(step.get("computed", True) for step in self.profile())
+
     def profile(self) -> list[dict]:
         """Per step of the last ``run``: kind ("tpu"/"cpu"), label, host seconds and,
         for Edge TPU steps, the estimated device seconds of a real USB stick."""
@@ -175,6 +199,10 @@ class InferenceSession:
             start = time.perf_counter()
             results = program.run(arrays)
             self._last_host = time.perf_counter() - start
+        if self.target == "coral" and not self.outputs_computed and not self._warned:
+            self._warned = True
+            log.warning("the Edge TPU outputs of this run are zero-filled placeholders: the "
+                        "simulated stick cannot execute edgetpu_compiler programs")
         if outputs is None:
             return dict(zip(self._output_names, results))
         if isinstance(outputs, str):

@@ -24,7 +24,10 @@ from coralrt.errors import ConfigError, InputError, PluginError
 from coralrt.model.extract import extract
 from coralrt.model.types import Model
 
-__all__ = ["Step", "Program", "build_program"]
+__all__ = ["Step", "Program", "build_program", "EDGETPU_OP", "DEVICE_OPS"]
+
+EDGETPU_OP = "edgetpu-custom-op"       # an edgetpu_compiler program (DWN1 package)
+DEVICE_OPS = (SEGMENT_OP, EDGETPU_OP)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Step:
     device: EdgeTpuDevice | None = None
     host_seconds: float = 0.0
     device_seconds: float = 0.0
+    computed: bool = True     # False: the device returned placeholder outputs
 
 
 @dataclass
@@ -58,7 +62,9 @@ class Program:
             results = step.run(args) if hook is None else hook(step, args)
             step.host_seconds = clock() - start
             if step.device is not None:
-                step.device_seconds = step.device.last_stats.device_seconds
+                stats = step.device.last_stats
+                step.device_seconds = stats.device_seconds
+                step.computed = stats.computed
             values.update(zip(step.outputs, results))
         return [values[t] for t in self.outputs]
 
@@ -70,7 +76,8 @@ class Program:
         """Per step of the last run: kind, label, host and estimated device seconds."""
         return [{"step": i, "kind": s.kind, "label": s.label, "operators": len(s.ops),
                  "host_seconds": s.host_seconds,
-                 "device_seconds": s.device_seconds if s.kind == "tpu" else None}
+                 "device_seconds": s.device_seconds if s.kind == "tpu" else None,
+                 "computed": s.computed}
                 for i, s in enumerate(self.steps)]
 
 
@@ -103,17 +110,23 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
             flush()
             steps.append(_plugin_step(sg, i, kernel))
             continue
-        if op.name != SEGMENT_OP:
+        if op.name not in DEVICE_OPS:
             pending.append(i)
             continue
         if device is None:
             raise ConfigError("this program has Edge TPU segments but no device to run them")
         flush()
         handle = device.load(op.custom_options)  # a view: no copy of the parameters
+        shapes = None
+        if op.name == EDGETPU_OP:
+            # Host dtypes of the outputs, for the driver's output decoding; the
+            # executable's layers drop the batch dimension the model declares.
+            handle.output_dtypes = [sg.tensors[t].dtype for t in op.outputs]
+            shapes = [sg.tensors[t].shape for t in op.outputs]
         n_tpu = sum(1 for s in steps if s.kind == "tpu")
         steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.path}", [i],
-                          list(op.inputs), list(op.outputs), _tpu_runner(device, handle),
-                          device))
+                          list(op.inputs), list(op.outputs),
+                          _tpu_runner(device, handle, shapes), device))
     flush()
     program = Program(steps, list(sg.inputs), list(sg.outputs))
     if host is not None and host.wraps_steps:
@@ -156,7 +169,12 @@ def _plugin_step(sg, i: int, kernel) -> Step:
                 list(op.outputs), run)
 
 
-def _tpu_runner(device: EdgeTpuDevice, handle):
-    def run(inputs):
-        return device.run(handle, inputs)
+def _tpu_runner(device: EdgeTpuDevice, handle, shapes=None):
+    if shapes is None:
+        def run(inputs):
+            return device.run(handle, inputs)
+    else:
+        def run(inputs):
+            return [np.reshape(out, shape) for out, shape in
+                    zip(device.run(handle, inputs), shapes)]
     return run

@@ -393,3 +393,31 @@ def test_cli_firmware_info_and_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(firmware, "FIRMWARE_SHA256", hashlib.sha256(IMAGE).hexdigest())
     assert cli_main(["firmware", "install", str(src)]) == 0
     assert Path(firmware.installed_path()).read_bytes() == IMAGE
+
+
+def test_session_runs_edgetpu_compiled_models_on_the_simulated_stick(caplog):
+    import logging
+
+    import numpy as np
+
+    from coralrt import InferenceSession
+    from coralrt.errors import DeviceNotFoundError
+    from coralrt.usb import open_device
+    from coralrt.usb.sim import SimulatedBackend
+    from conftest import random_inputs, shared_model
+
+    path = shared_model("edgetpu/deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite")
+    backend = SimulatedBackend(firmware_loaded=True)
+    with open_device(backend=backend) as dev:
+        sess = InferenceSession(path, target="coral", device=dev)
+        with caplog.at_level(logging.WARNING, logger="coralrt.session"):
+            out = sess.run(random_inputs(sess.get_inputs()))
+        (argmax,) = out.values()
+        assert argmax.shape == (1, 513, 513) and argmax.dtype == np.int64
+        assert [s["kind"] for s in sess.profile()] == ["tpu", "cpu"]  # the tail on the CPU
+        assert not sess.outputs_computed
+        assert any("placeholders" in r.getMessage() for r in caplog.records)
+        assert any(e["op"] == "bulk_out" for e in backend.transcript)
+    # No stick attached (libusb finds none here): a clear error, never a CPU run.
+    with pytest.raises(DeviceNotFoundError):
+        InferenceSession(path, target="coral")
