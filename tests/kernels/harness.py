@@ -47,3 +47,21 @@ def check(model: Model, inputs: list, *, lsb: int = 0) -> list:
         assert worst <= lsb, (f"output {k}: {int((diff > lsb).sum())} of {diff.size} values "
                               f"differ by up to {worst} (allowed {lsb})")
     return want
+
+
+def random_data(rng, shape, dtype):
+    """Integers spanning ``dtype``'s whole range (kernel test inputs)."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+
+
+def quant_strategy():
+    """A hypothesis strategy factory: ``quant(dtype)`` draws (scale, zero point)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def quant(draw, dtype, lo=-3.0, hi=0.0):
+        info = np.iinfo(dtype)
+        return (float(10.0 ** draw(st.floats(lo, hi))),
+                draw(st.integers(int(info.min), int(info.max))))
+    return quant

@@ -17,15 +17,13 @@ from hypothesis import strategies as st
 from coralrt.errors import InferenceError
 from coralrt.model.builder import ModelBuilder
 
-from .harness import check, run_sim
+from .harness import check, quant_strategy, random_data, run_sim
 
 DTYPES = (np.uint8, np.int8)
 seeds = st.integers(0, 2**32 - 1)
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 def _every_code(rng, dtype, shape=(2, 4, 32)):
@@ -42,11 +40,7 @@ def _unary_model(op, shape, dtype, qi, qo, out_dtype=None, out_shape=None, **opt
     return b.build()
 
 
-@st.composite
-def quant(draw, dtype, lo=-3.0, hi=0.0):
-    info = np.iinfo(dtype)
-    return (float(10.0 ** draw(st.floats(lo, hi))),
-            draw(st.integers(int(info.min), int(info.max))))
+quant = quant_strategy()
 
 
 @st.composite

@@ -11,15 +11,13 @@ from hypothesis import strategies as st
 from coralrt.errors import ModelError
 from coralrt.model.builder import ModelBuilder
 
-from .harness import check, run_sim
+from .harness import check, quant_strategy, random_data, run_sim
 
 DTYPES = (np.uint8, np.int8)
 ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 def _binary_model(op, shapes, dtype, quants, **options):
@@ -55,11 +53,7 @@ def broadcast_pairs(draw):
     return side(), side()
 
 
-@st.composite
-def quant(draw, dtype, lo=-3.0, hi=0.0):
-    info = np.iinfo(dtype)
-    return (float(10.0 ** draw(st.floats(lo, hi))),
-            draw(st.integers(int(info.min), int(info.max))))
+quant = quant_strategy()
 
 
 @st.composite

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from coralrt.model.builder import ModelBuilder
 from coralrt.sim.kernels.conv import compute_out_size
 
-from .harness import check
+from .harness import check, random_data
 
 DTYPES = (np.uint8, np.int8)
 ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6")
@@ -31,9 +31,7 @@ def _pool_model(op, shape, dtype, scale, zp, fh, fw, sh, sw, padding, act):
     return b.build()
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 @st.composite

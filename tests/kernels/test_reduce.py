@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from coralrt.errors import ModelError
 from coralrt.model.builder import ModelBuilder
 
-from .harness import check, run_sim
+from .harness import check, random_data, run_sim
 
 DTYPES = (np.uint8, np.int8)
 
@@ -33,9 +33,7 @@ def _reduce_model(op, shape, axes, keep, dtype, in_q, out_q):
     return b.build()
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 @st.composite

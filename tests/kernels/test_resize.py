@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from coralrt.errors import ModelError
 from coralrt.model.builder import ModelBuilder
 
-from .harness import check, run_sim
+from .harness import check, random_data, run_sim
 
 DTYPES = (np.uint8, np.int8)
 
@@ -28,9 +28,7 @@ def _resize_model(op, in_shape, out_hw, dtype, *, align=False, half=False,
     return b.build()
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 modes = st.sampled_from([(False, False), (True, False), (False, True)])

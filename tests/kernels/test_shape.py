@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from coralrt.errors import ModelError
 from coralrt.model.builder import ModelBuilder
 
-from .harness import check, run_reference, run_sim
+from .harness import check, random_data, run_reference, run_sim
 
 DTYPES = (np.uint8, np.int8)
 Q = (0.05, 3)                       # default quantization (scale, zero point)
@@ -23,9 +23,7 @@ dtypes = st.sampled_from(DTYPES)
 seeds = st.integers(0, 2**32 - 1)
 
 
-def _data(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=np.int64).astype(dtype)
+_data = random_data
 
 
 @st.composite
