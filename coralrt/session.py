@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from coralrt.backends import get_backend
-from coralrt.errors import ConfigError, InputError, ModelError, TargetUnavailableError
-from coralrt.model import Model, load_model
+from coralrt import targets
+from coralrt.errors import ConfigError, InputError
 from coralrt.tensors import TensorInfo
 
 __all__ = ["InferenceSession", "TARGETS"]
@@ -23,8 +23,6 @@ __all__ = ["InferenceSession", "TARGETS"]
 log = logging.getLogger("coralrt.session")
 
 TARGETS = ("cpu", "sim", "coral", "auto")
-_COMPILED_ELSEWHERE = ("this model was compiled by edgetpu_compiler (it contains "
-                       "edgetpu-custom-op) and only runs on an Edge TPU")
 
 
 class InferenceSession:
@@ -67,24 +65,20 @@ class InferenceSession:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         from coralrt.delegate.plugins import plugin_host
 
-        self.compile_info: dict | None = None
-        self.device = None
         self._backend = get_backend(backend)
         self._host = plugin_host(tuple(plugins or ()))
         self._override = override_builtins
         self._warned = False
+        options = targets.Options(
+            backend=self._backend, host=self._host, num_threads=num_threads,
+            cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
+            device=device, override_builtins=override_builtins)
         if target == "auto":
-            # No Edge TPU driver is part of this build yet, so auto means CPU.
-            log.info("target 'auto': running on the CPU (no Edge TPU device support available)")
-            target = "cpu"
+            target = targets.choose_auto(model, options)
         self.target = target
-        if target == "coral":
-            self._program = self._init_coral(model, device, num_threads, cpu_kernels)
-        elif target == "sim":
-            self._program = self._init_sim(model, partition_mode, cache, device, num_threads,
-                                           cpu_kernels)
-        else:
-            self._program = self._init_cpu(model, num_threads, cpu_kernels)
+        prepared = targets.prepare(target, model, options)
+        self.model, self._program = prepared.model, prepared.program
+        self.device, self.compile_info = prepared.device, prepared.compile_info
         sg = self.model.main
         self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
         self._outputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.outputs]
@@ -96,59 +90,6 @@ class InferenceSession:
         self._shapes = [t.shape for t in self._inputs]
         log.debug("session ready on %s: %d inputs, %d outputs, backend %s", target,
                   len(self._inputs), len(self._outputs), self._backend.name)
-
-    def _init_cpu(self, model, num_threads, cpu_kernels):
-        if isinstance(model, Model):
-            self.model = load_model(model)
-            data = model.to_bytes()
-        else:
-            self.model = load_model(model)  # errors name the file when given a path
-            data = self.model.source
-        if self.model.is_edgetpu_compiled:
-            raise ModelError(_COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
-                             "target='cpu'")
-        kernels = self._host.ops.kernels
-        if any(op.name in kernels and (op.opcode.is_custom or self._override)
-               for op in self.model.main.operators) or self._host.wraps_steps:
-            from coralrt.delegate.executor import build_program
-            return build_program(self.model, device=None, backend=self._backend,
-                                 num_threads=num_threads, cpu_kernels=cpu_kernels,
-                                 host=self._host, override_builtins=self._override)
-        return self._backend.load(data, num_threads=num_threads, kernels=cpu_kernels)
-
-    def _init_sim(self, model, partition_mode, cache, device, num_threads, cpu_kernels):
-        from coralrt.compile.jit import jit_compile
-        from coralrt.delegate.executor import build_program
-        host = self._host
-        jit = jit_compile(model, mode=partition_mode, cache=cache,
-                          compiler=host.compilers.for_device("sim"), rules=host.ops.rules(),
-                          rules_fingerprint=host.ops.fingerprint(), events=host.compile_event)
-        self.compile_info = jit.compile_info
-        self.model = jit.model
-        if device is None:
-            device = host.devices.create("sim", kernels=host.ops.sim_kernels())
-            device.open()
-        self.device = device
-        return build_program(jit.model, device=device, backend=self._backend,
-                             num_threads=num_threads, cpu_kernels=cpu_kernels, host=host,
-                             override_builtins=self._override)
-
-    def _init_coral(self, model, device, num_threads, cpu_kernels):
-        from coralrt.delegate.executor import build_program
-        self.model = load_model(model)
-        if not self.model.is_edgetpu_compiled:
-            raise TargetUnavailableError(
-                "target 'coral' runs models compiled by edgetpu_compiler (*_edgetpu.tflite) in "
-                "this version; compiling plain models for a real stick needs the "
-                "edgetpu_compiler plugin, which is not part of it yet. Compile the model with "
-                "edgetpu_compiler, or use target='sim'")
-        if device is None:
-            from coralrt.usb import open_device
-            device = open_device()  # DeviceNotFoundError when no stick is attached
-        self.device = device
-        return build_program(self.model, device=device, backend=self._backend,
-                             num_threads=num_threads, cpu_kernels=cpu_kernels, host=self._host,
-                             override_builtins=self._override)
 
     @property
     def outputs_computed(self) -> bool:

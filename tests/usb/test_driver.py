@@ -421,3 +421,21 @@ def test_session_runs_edgetpu_compiled_models_on_the_simulated_stick(caplog):
     # No stick attached (libusb finds none here): a clear error, never a CPU run.
     with pytest.raises(DeviceNotFoundError):
         InferenceSession(path, target="coral")
+
+
+def test_auto_target_picks_coral_when_a_stick_is_given_and_cpu_otherwise(caplog):
+    import logging
+
+    from coralrt import InferenceSession
+    from coralrt.usb import open_device
+    from coralrt.usb.sim import SimulatedBackend
+
+    compiled = shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite")
+    with open_device(backend=SimulatedBackend(firmware_loaded=True)) as dev, \
+            caplog.at_level(logging.INFO, logger="coralrt.session"):
+        assert InferenceSession(compiled, target="auto", device=dev).target == "coral"
+        assert InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),
+                                target="auto").target == "cpu"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Coral USB Accelerator given" in m for m in messages)
+    assert any("running on the CPU (no Coral USB Accelerator found)" in m for m in messages)
