@@ -6,26 +6,29 @@ next call sees the new value.  A value coralrt cannot make sense of raises
 :class:`~coralrt.errors.ConfigError` naming the variable, instead of being
 silently ignored.
 
-===================================  ==================================================
-variable                             meaning
-===================================  ==================================================
-``CORALRT_CACHE_DIR``                root folder of the compile cache; default: the
-                                     platform's user cache folder for ``coralrt``
-                                     (``~/.cache/coralrt`` on Linux, from platformdirs)
-``CORALRT_CACHE``                    ``0``, ``false``, ``no`` or ``off`` disable the
-                                     compile cache (every model is compiled again);
-                                     ``1``, ``true``, ``yes``, ``on`` or unset enable
-                                     it; anything else is an error
-``CORALRT_CACHE_MAX_BYTES``          size cap of the compile cache in bytes, optionally
-                                     with a ``K``, ``M`` or ``G`` suffix (powers of
-                                     1024); least recently used entries are evicted
-                                     above it; default 1 GiB
-``CORALRT_DISABLE_PLUGIN_AUTOLOAD``  ``1`` (or true/yes/on): do not load plugins from
-                                     the ``coralrt`` entry-point group; plugins passed
-                                     to ``InferenceSession(plugins=...)`` still load
-``CORALRT_EDGETPU_COMPILER``         used by later parts: path of the
-                                     ``edgetpu_compiler`` executable to use
-===================================  ==================================================
+======================================  ==================================================
+variable                                meaning
+======================================  ==================================================
+``CORALRT_CACHE_DIR``                   root folder of the compile cache; default: the
+                                        platform's user cache folder for ``coralrt``
+                                        (``~/.cache/coralrt`` on Linux, from platformdirs)
+``CORALRT_CACHE``                       ``0``, ``false``, ``no`` or ``off`` disable the
+                                        compile cache (every model is compiled again);
+                                        ``1``, ``true``, ``yes``, ``on`` or unset enable
+                                        it; anything else is an error
+``CORALRT_CACHE_MAX_BYTES``             size cap of the compile cache in bytes, optionally
+                                        with a ``K``, ``M`` or ``G`` suffix (powers of
+                                        1024); least recently used entries are evicted
+                                        above it; default 1 GiB
+``CORALRT_DISABLE_PLUGIN_AUTOLOAD``     ``1`` (or true/yes/on): do not load plugins from
+                                        the ``coralrt`` entry-point group; plugins passed
+                                        to ``InferenceSession(plugins=...)`` still load
+``CORALRT_EDGETPU_COMPILER``            path of the ``edgetpu_compiler`` executable to
+                                        use (a file, or a folder holding one); unset:
+                                        looked up on ``PATH``
+``CORALRT_EDGETPU_COMPILER_TIMEOUT``    seconds one edgetpu_compiler run may take before
+                                        it is stopped (default 180, its own default)
+======================================  ==================================================
 """
 
 from __future__ import annotations
@@ -39,13 +42,18 @@ from coralrt.errors import ConfigError
 __all__ = [
     "CACHE_DIR", "CACHE", "CACHE_MAX_BYTES", "DEFAULT_CACHE_MAX_BYTES",
     "cache_dir", "cache_enabled", "cache_max_bytes", "DISABLE_PLUGIN_AUTOLOAD",
-    "plugin_autoload",
+    "plugin_autoload", "EDGETPU_COMPILER", "EDGETPU_COMPILER_TIMEOUT",
+    "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler", "edgetpu_compiler_timeout",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
 CACHE = "CORALRT_CACHE"
 CACHE_MAX_BYTES = "CORALRT_CACHE_MAX_BYTES"
 DISABLE_PLUGIN_AUTOLOAD = "CORALRT_DISABLE_PLUGIN_AUTOLOAD"
+EDGETPU_COMPILER = "CORALRT_EDGETPU_COMPILER"
+EDGETPU_COMPILER_TIMEOUT = "CORALRT_EDGETPU_COMPILER_TIMEOUT"
+
+DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
 
 DEFAULT_CACHE_MAX_BYTES = 1 << 30
 
@@ -109,3 +117,36 @@ def plugin_autoload() -> bool:
         return False
     raise ConfigError(f"{DISABLE_PLUGIN_AUTOLOAD}={value!r} is not understood; use 1 to "
                       f"disable plugin autoloading or 0 to keep it")
+
+
+def edgetpu_compiler() -> Path | None:
+    """The ``edgetpu_compiler`` that ``CORALRT_EDGETPU_COMPILER`` names, or None if unset.
+
+    A folder means the ``edgetpu_compiler`` inside it.  A path that is not an
+    executable file is an error (a typo must not silently fall back to ``PATH``).
+    """
+    value = _get(EDGETPU_COMPILER)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_dir():
+        path = path / "edgetpu_compiler"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ConfigError(f"{EDGETPU_COMPILER}={value!r} is not an executable file; point it "
+                          f"at the edgetpu_compiler executable or unset it to search PATH")
+    return path
+
+
+def edgetpu_compiler_timeout() -> float:
+    """Seconds one edgetpu_compiler run may take (``CORALRT_EDGETPU_COMPILER_TIMEOUT``)."""
+    value = _get(EDGETPU_COMPILER_TIMEOUT)
+    if value is None:
+        return DEFAULT_EDGETPU_COMPILER_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"{EDGETPU_COMPILER_TIMEOUT}={value!r} is not a positive number of "
+                          f"seconds (for example 180)")
+    return seconds

@@ -236,3 +236,76 @@ class ExecutableError(ModelError):
     size, or a size, offset or index outside its range.  ``where`` names the
     part (for example ``"executable 1 (EXECUTION_ONLY), dma hint 3"``).
     """
+
+
+# -- edgetpu_compiler -------------------------------------------------------------------
+
+__all__ += ["CompileError", "SegmentNotMapped", "CompilerUnavailableError"]
+
+
+class CompileError(CoralRTError, RuntimeError):
+    """The Edge TPU compiler failed, crashed or ran past its timeout.
+
+    ``log_tail`` holds the last lines it printed, ``returncode`` its exit
+    status (``None`` after a timeout) and ``timeout`` the seconds allowed.
+    """
+
+    def __init__(self, message: str, *, log_tail: str = "", returncode: int | None = None,
+                 timeout: float | None = None):
+        self.message = message
+        self.log_tail = log_tail
+        self.returncode = returncode
+        self.timeout = timeout
+        text = message
+        if log_tail:
+            text += "\n--- compiler output (last lines) ---\n" + log_tail
+        super().__init__(text)
+
+
+class SegmentNotMapped(CoralRTError):
+    """The compiler left some operators of a segment on the CPU.
+
+    ``cpu_ops`` lists the operators left on the CPU, as indices into the
+    segment's sub-model (execution order); ``reasons`` maps each of them to
+    the status the compiler's log gives it.  The partitioner moves those
+    operators to the CPU and compiles the rest of the segment again.
+    """
+
+    def __init__(self, cpu_ops, reasons: dict[int, str] | None = None, *,
+                 total_ops: int | None = None):
+        self.cpu_ops = sorted(int(i) for i in cpu_ops)
+        self.reasons = dict(reasons or {})
+        self.total_ops = total_ops
+        of = f" of {total_ops}" if total_ops is not None else ""
+        super().__init__(f"the compiler left {len(self.cpu_ops)}{of} operator(s) of the "
+                         f"segment on the CPU (operators {self.cpu_ops[:8]}"
+                         f"{' ...' if len(self.cpu_ops) > 8 else ''})")
+
+
+COMPILER_HELP = (
+    "edgetpu_compiler runs on x86-64 Debian or Ubuntu Linux only. Install it from "
+    "Coral's apt repository:\n"
+    "  curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | "
+    "sudo gpg --dearmor -o /usr/share/keyrings/coral-edgetpu.gpg\n"
+    "  echo \"deb [signed-by=/usr/share/keyrings/coral-edgetpu.gpg] "
+    "https://packages.cloud.google.com/apt coral-edgetpu-stable main\" | "
+    "sudo tee /etc/apt/sources.list.d/coral-edgetpu.list\n"
+    "  sudo apt-get update && sudo apt-get install edgetpu-compiler\n"
+    "or point CORALRT_EDGETPU_COMPILER at an edgetpu_compiler executable.\n"
+    "It does not run on ARM (Raspberry Pi and other ARM boards): there, compile ahead of "
+    "time on an x86-64 Linux machine with `coralrt compile --compiler edgetpu_compiler "
+    "model.tflite` or `edgetpu_compiler -s model.tflite`, copy the resulting "
+    "model_edgetpu.tflite to the device and load that file with target=\"coral\".")
+
+
+class CompilerUnavailableError(TargetUnavailableError):
+    """No compiler whose programs run on a real Edge TPU (edgetpu_compiler) is available.
+
+    The message explains how to install edgetpu_compiler, that it does not
+    run on ARM (Raspberry Pi), and how to compile ahead of time elsewhere.
+    """
+
+    def __init__(self, message: str | None = None):
+        head = message or ("this model is not compiled for the Edge TPU and no compiler whose "
+                           "programs run on a real Edge TPU was found.")
+        super().__init__(head if COMPILER_HELP in head else f"{head}\n{COMPILER_HELP}")

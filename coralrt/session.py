@@ -41,12 +41,17 @@ class InferenceSession:
         just-in-time compiler (``sim`` and ``coral`` targets).
     :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
         the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
-    :param device: an open :class:`coralrt.delegate.device.EdgeTpuDevice` for
-        the Edge TPU steps; ``None`` opens a simulated Edge TPU for ``sim``.
+    :param device: the stick(s) for the Edge TPU steps: an open
+        :class:`coralrt.delegate.device.EdgeTpuDevice`, a path ("usb:0", ":1",
+        a port path) or a list of those to pipeline the segments over several
+        sticks; ``None``: a simulated stick for ``sim``, the first stick found
+        for ``coral``.
     :param plugins: plugin objects to register for this session, in addition
         to coralrt's built-ins and the installed ``coralrt`` entry points.
     :param override_builtins: let plugin CPU kernels registered for builtin
         operators replace the CPU backend's kernels for those operators.
+    :param pipeline_depth: requests queued between pipeline stages when
+        ``device`` is a list of sticks.
 
     ``compile_info`` is None on the CPU target; otherwise a dict with at least
     ``cache_hit``, ``compile_seconds`` and ``key``.
@@ -54,13 +59,15 @@ class InferenceSession:
     Raises :class:`~coralrt.errors.ModelError` for invalid models,
     :class:`~coralrt.errors.UnsupportedOperatorError` for operators nothing
     provides.  ``run`` is safe to call from several threads; calls are
-    serialized.
+    serialized per session, except with ``device=[...]`` (several sticks),
+    where the Edge TPU segments are pipelined over the sticks and concurrent
+    callers overlap (see docs/multi-stick.md).
     """
 
     def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
                  backend: str | None = None, cpu_kernels: str = "optimized",
                  partition_mode: str = "multi", cache=None, device=None, plugins=None,
-                 override_builtins: bool = False):
+                 override_builtins: bool = False, pipeline_depth: int = 2):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         from coralrt.delegate.plugins import plugin_host
@@ -72,13 +79,19 @@ class InferenceSession:
         options = targets.Options(
             backend=self._backend, host=self._host, num_threads=num_threads,
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
-            device=device, override_builtins=override_builtins)
+            device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth)
         if target == "auto":
             target = targets.choose_auto(model, options)
         self.target = target
         prepared = targets.prepare(target, model, options)
         self.model, self._program = prepared.model, prepared.program
-        self.device, self.compile_info = prepared.device, prepared.compile_info
+        self.compile_info = prepared.compile_info
+        # A device list pipelines the Edge TPU segments over the sticks.
+        self.devices = list(prepared.device) if isinstance(prepared.device, list) else (
+            [prepared.device] if prepared.device is not None else [])
+        self.device = self.devices[0] if self.devices else None
+        given = device if isinstance(device, (list, tuple)) else [device]
+        self._owned = [d for d in self.devices if not any(d is g for g in given)]
         sg = self.model.main
         self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
         self._outputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.outputs]
@@ -156,6 +169,50 @@ class InferenceSession:
                                  f"{self._output_names}")
             picked[name] = results[pos]
         return picked
+
+    def submit(self, inputs):
+        """Like :meth:`run`, without waiting: a ``concurrent.futures.Future`` of
+        ``{output name: array}``.  Pipelined sessions (``device=[...]``) overlap
+        submitted requests; other sessions run the request before returning."""
+        from concurrent.futures import Future
+        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
+        names = self._output_names
+        if hasattr(self._program, "submit"):
+            inner = self._program.submit(arrays)
+            outer: Future = Future()
+            outer.set_running_or_notify_cancel()
+
+            def done(f):
+                error = f.exception()
+                if error is not None:
+                    outer.set_exception(error)
+                else:
+                    outer.set_result(dict(zip(names, f.result())))
+            inner.add_done_callback(done)
+            return outer
+        future = Future()
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(self.run(arrays))
+        except Exception as e:  # noqa: BLE001 - delivered through the future
+            future.set_exception(e)
+        return future
+
+    def close(self) -> None:
+        """Stop a pipeline and close the sticks this session opened (idempotent)."""
+        close = getattr(self._program, "close", None)
+        if callable(close):
+            close()
+        for device in self._owned:
+            device.close()
+        self._owned = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
     def _order(self, inputs) -> list:
         n = len(self._inputs)

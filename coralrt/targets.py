@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from coralrt.errors import ModelError, TargetUnavailableError
+from coralrt.errors import ConfigError, ModelError
 from coralrt.model import Model, load_model
 
 __all__ = ["Prepared", "Options", "prepare", "choose_auto"]
@@ -29,8 +29,9 @@ class Options:
     cpu_kernels: str = "optimized"
     partition_mode: str = "multi"
     cache: object = None
-    device: object = None      # a device, a device path ("usb:0") or None
+    device: object = None      # a device, a device path ("usb:0"), a list of those, or None
     override_builtins: bool = False
+    pipeline_depth: int = 2    # requests queued between pipeline stages (device lists)
 
 
 @dataclass
@@ -42,6 +43,12 @@ class Prepared:
 
 
 def _program(model: Model, device, o: Options):
+    if isinstance(device, list):      # several sticks: pipeline the segments over them
+        from coralrt.delegate.pipeline import build_pipelined_program
+        return build_pipelined_program(model, devices=device, backend=o.backend,
+                                       num_threads=o.num_threads, cpu_kernels=o.cpu_kernels,
+                                       host=o.host, override_builtins=o.override_builtins,
+                                       depth=o.pipeline_depth)
     from coralrt.delegate.executor import build_program
     return build_program(model, device=device, backend=o.backend, num_threads=o.num_threads,
                          cpu_kernels=o.cpu_kernels, host=o.host,
@@ -74,15 +81,35 @@ def _jit(source, o: Options, compiler):
 def prepare_sim(source, o: Options) -> Prepared:
     jit = _jit(source, o, o.host.compilers.for_device("sim"))
     device = o.device
-    if device is None:
+    if isinstance(device, (list, tuple)):
+        device = open_stick(device)
+    elif device is None:
         device = o.host.devices.create("sim", kernels=o.host.ops.sim_kernels())
         device.open()
     return Prepared(jit.model, _program(jit.model, device, o), device, jit.compile_info)
 
 
 def open_stick(device):
-    """``device`` as an open stick: an opened device object as is, a path opened."""
+    """``device`` as an open stick: an opened device object as is, a path opened;
+    a list or tuple of those as a list of open sticks (closing the ones it
+    opened if a later one fails)."""
     from coralrt.usb import open_device
+    if isinstance(device, (list, tuple)):
+        if not device:
+            raise ConfigError("device=[] names no stick; give one or more, e.g. "
+                              "['usb:0', 'usb:1']")
+        opened, sticks = [], []
+        try:
+            for d in device:
+                stick = open_stick(d)
+                if stick is not d:
+                    opened.append(stick)
+                sticks.append(stick)
+        except BaseException:
+            for stick in opened:
+                stick.close()
+            raise
+        return sticks
     if device is None or isinstance(device, str):
         return open_device(device)  # DeviceNotFoundError when no stick is attached
     return device
@@ -102,11 +129,8 @@ def prepare_coral(source, o: Options) -> Prepared:
 
 
 def _compiler_unavailable():
-    from coralrt import errors
-    cls = getattr(errors, "CompilerUnavailableError", TargetUnavailableError)
-    return cls("no compiler whose programs run on a real Edge TPU is available: install "
-               "edgetpu_compiler (x86-64 Linux only) or set CORALRT_EDGETPU_COMPILER, or "
-               "compile ahead of time on another machine and run the *_edgetpu.tflite")
+    from coralrt.errors import CompilerUnavailableError
+    return CompilerUnavailableError()
 
 
 def choose_auto(source, o: Options) -> str:

@@ -30,18 +30,27 @@ def add_parser(sub, parents) -> None:
                         "current directory); the log is written next to it as .log")
     p.add_argument("--mode", choices=MODES, default="multi",
                    help="partition mode (default: multi)")
+    p.add_argument("--compiler", choices=("native", "edgetpu_compiler"), default="native",
+                   help="segment compiler: coralrt's native one (programs for target='sim', "
+                        "the default) or edgetpu_compiler (programs for a real Coral stick; "
+                        "the compiler runs on x86-64 Linux only)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(func=command)
 
 
 def command(args) -> int:
     src = Path(args.model)
-    out = Path(args.output) if args.output else Path.cwd() / f"{src.stem}_coralrt.tflite"
+    suffix = "_edgetpu" if args.compiler == "edgetpu_compiler" else "_coralrt"
+    out = Path(args.output) if args.output else Path.cwd() / f"{src.stem}{suffix}.tflite"
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} exists; pass --force to overwrite it")
     model = load_model(src)
     log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), args.mode)
-    result = compile_model(model, mode=args.mode)
+    compiler = None
+    if args.compiler == "edgetpu_compiler":
+        from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+        compiler = EdgeTpuCompiler()  # CompilerUnavailableError names how to get it
+    result = compile_model(model, mode=args.mode, compiler=compiler)
     data = result.to_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import logging
+
 from coralrt.delegate.hookspecs import hookimpl
+
+
+log = logging.getLogger("coralrt.plugins")
 
 
 @hookimpl
 def coralrt_register_compilers(registry) -> None:
     from coralrt.compile.native import NativeCompiler
     registry.add(NativeCompiler())
+    _register_edgetpu_compiler(registry)
+
+
+def _register_edgetpu_compiler(registry) -> None:
+    """edgetpu_compiler, for ``usb`` sticks, when a binary is installed (and answers)."""
+    from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler, find_compiler
+    from coralrt.errors import CoralRTError
+    try:
+        path = find_compiler()
+    except CoralRTError as e:  # CORALRT_EDGETPU_COMPILER names no executable
+        log.warning("edgetpu_compiler not registered: %s", e)
+        return
+    if path is None:
+        log.debug("edgetpu_compiler not found (PATH, CORALRT_EDGETPU_COMPILER)")
+        return
+    compiler = EdgeTpuCompiler(path)
+    try:
+        version = compiler.version  # also part of every compile-cache key
+    except CoralRTError as e:
+        log.warning("edgetpu_compiler at %s not registered: %s", path, e)
+        return
+    log.debug("edgetpu_compiler %s at %s registered for usb sticks", version, path)
+    registry.add(compiler)
 
 
 def simulated_stick(kernels: dict | None = None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,10 +83,23 @@ class Program:
 
 def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: CpuBackend,
                   num_threads: int | None = None, cpu_kernels: str = "optimized",
-                  host=None, override_builtins: bool = False) -> Program:
+                  host=None, override_builtins: bool = False,
+                  devices: Sequence[EdgeTpuDevice] | None = None) -> Program:
     """Steps for ``compiled``: its ``coralrt-segment`` operators on ``device``,
     operators with a plugin kernel as plugin steps (builtins only with
-    ``override_builtins``), everything else in the CPU backend."""
+    ``override_builtins``), everything else in the CPU backend.
+
+    ``devices`` (instead of ``device``): Edge TPU segment ``i`` runs on
+    ``devices[i % len(devices)]``, as :mod:`coralrt.delegate.pipeline` uses it.
+    """
+    if devices is not None:
+        if device is not None:
+            raise ConfigError("pass either device or devices to build_program, not both")
+        pool = list(devices)
+        if not pool:
+            raise ConfigError("devices is empty: give at least one Edge TPU device")
+    else:
+        pool = [device] if device is not None else []
     sg = compiled.main
     steps: list[Step] = []
     pending: list[int] = []
@@ -113,9 +126,11 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
         if op.name not in DEVICE_OPS:
             pending.append(i)
             continue
-        if device is None:
+        if not pool:
             raise ConfigError("this program has Edge TPU segments but no device to run them")
         flush()
+        n_tpu = sum(1 for s in steps if s.kind == "tpu")
+        device = pool[n_tpu % len(pool)]
         handle = device.load(op.custom_options)  # a view: no copy of the parameters
         shapes = None
         if op.name == EDGETPU_OP:
@@ -123,7 +138,6 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
             # executable's layers drop the batch dimension the model declares.
             handle.output_dtypes = [sg.tensors[t].dtype for t in op.outputs]
             shapes = [sg.tensors[t].shape for t in op.outputs]
-        n_tpu = sum(1 for s in steps if s.kind == "tpu")
         steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.path}", [i],
                           list(op.inputs), list(op.outputs),
                           _tpu_runner(device, handle, shapes), device))

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""STAND-IN for Google's ``edgetpu_compiler``, for tests only.  It compiles nothing.
+
+The real compiler is closed source, x86-64 only and not installed here, so the
+tests of :mod:`coralrt.compile.edgetpu_compiler` run this script in its place.
+It accepts edgetpu_compiler's command line (``-s``, ``-o DIR``, ``-t N``,
+``-m N``, ``-v``/``--version``, ``-i``, ``-n``, ``-d``, ``-k``; unused options
+are ignored) and answers from the models the real compiler produced, which
+sit in the folder named by ``FAKE_EDGETPU_MODELS`` (tests use
+``../shared/models``: ``X.tflite`` next to ``edgetpu/X_edgetpu.tflite``):
+
+- for an input model, it looks for a compiled model whose single
+  ``edgetpu-custom-op`` reads tensors of the input model's name and produces
+  tensors of the input model's names, such that the operators between them
+  are exactly the operators the real compiler mapped (those of the plain model
+  ``X.tflite`` whose outputs are not produced by a CPU operator of
+  ``X_edgetpu.tflite``).  That covers the whole plain model (deeplab: the real
+  compiler's 8 CPU operators stay) and any piece of it holding the mapped
+  operators and possibly more;
+- on a match it writes ``<name>_edgetpu.tflite``: the input model with those
+  operators replaced by the real compiler's ``edgetpu-custom-op`` (its DWN1
+  package unchanged), the other operators kept for the CPU; and
+  ``<name>_edgetpu.log`` in the real log layout with one status per operator;
+- when nothing matches it behaves like a compiler that maps nothing: exit
+  status 0, every operator "Operation is otherwise supported, but not mapped
+  due to some unspecified limitation", an output model equal to the input.
+
+Test switches: ``FAKE_EDGETPU_HANG=1`` prints the header, starts a child and
+sleeps (a compiler that never finishes, for the timeout); ``FAKE_EDGETPU_FAIL=1``
+prints an internal error and exits with status 1.  ``--version`` prints
+``Edge TPU Compiler version 16.0.384591198`` as the real compiler 16 does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+VERSION = "16.0.384591198"
+OP = "edgetpu-custom-op"
+MAPPED = "Mapped to Edge TPU"
+UNSPECIFIED = ("Operation is otherwise supported, but not mapped due to some unspecified "
+               "limitation")
+SECOND = "More than one subgraph is not supported"
+ONCHIP = 8 * 1024 * 1024
+NOT_ALL = ("[Model successfully compiled but not all operations are supported by the Edge TPU. "
+           "A percentage of the model will instead run on the CPU, which is slower. If "
+           "possible, consider updating your model to use only operations supported by the "
+           "Edge TPU. For details, visit g.co/coral/model-reqs.]")
+
+
+def _size(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f}MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.2f}KiB"
+    return f"{n:.2f}B"
+
+
+def _candidates(folder: Path):
+    from coralrt.model import load_model
+    for path in sorted(folder.rglob("*_edgetpu.tflite")):
+        stem = path.name[: -len("_edgetpu.tflite")]
+        plain = next((p for p in (path.parent / f"{stem}.tflite",
+                                  path.parent.parent / f"{stem}.tflite") if p.is_file()), None)
+        try:
+            yield load_model(path), load_model(plain) if plain else None
+        except Exception:  # an unreadable file in the folder: not a candidate
+            continue
+
+
+def _match(x, compiled, plain):
+    """(custom op, {X operator indices it covers}) or None."""
+    csg = compiled.main
+    customs = [op for op in csg.operators if op.name == OP]
+    if len(customs) != 1:
+        return None
+    e = customs[0]
+    index = {}
+    for i, t in enumerate(x.tensors):
+        index.setdefault(t.name, i)
+    e_in = [csg.tensors[t].name for t in e.inputs if t >= 0]
+    e_out = [csg.tensors[t].name for t in e.outputs]
+    if any(n not in index for n in (*e_in, *e_out)):
+        return None
+    producer = {t: k for k, op in enumerate(x.operators) for t in op.outputs}
+    stop = {index[n] for n in e_in}
+    covered, seen, stack = set(), set(), [index[n] for n in e_out]
+    while stack:
+        t = stack.pop()
+        if t in seen or t in stop:
+            continue
+        seen.add(t)
+        k = producer.get(t)
+        if k is None:
+            if x.tensors[t].is_constant or x.tensors[t].is_variable:
+                continue
+            return None  # needs a model input the program does not take
+        if k not in covered:
+            covered.add(k)
+            stack.extend(s for s in x.operators[k].inputs if s >= 0)
+    if not covered or any(producer.get(index[n]) not in covered for n in e_out):
+        return None
+    if plain is not None:
+        psg = plain.main
+        cpu_names = {csg.tensors[t].name for op in csg.operators if op is not e
+                     for t in op.outputs}
+        mapped = {psg.tensors[t].name for op in psg.operators for t in op.outputs} - cpu_names
+        got = {x.tensors[t].name for k in covered for t in x.operators[k].outputs}
+        if got != mapped:
+            return None
+    return e, covered
+
+
+def _replace(model, e, covered, csg):
+    """``model`` with the ``covered`` operators replaced by the custom op ``e``."""
+    from coralrt.model import Model, Operator, OperatorCode, Subgraph
+    from coralrt.model.types import CUSTOM
+    x = model.main
+    index = {}
+    for i, t in enumerate(x.tensors):
+        index.setdefault(t.name, i)
+    custom = Operator(OperatorCode(CUSTOM, OP, 1),
+                      [index[csg.tensors[t].name] for t in e.inputs if t >= 0],
+                      [index[csg.tensors[t].name] for t in e.outputs],
+                      custom_options=bytes(e.custom_options))
+    first = min(covered)
+    nodes = {k: op for k, op in enumerate(x.operators) if k not in covered}
+    nodes[first] = custom
+    producer = {t: k for k, op in nodes.items() for t in op.outputs}
+    order, done = [], set()
+    while len(order) < len(nodes):  # topological, original order where possible
+        k = next(k for k in sorted(nodes) if k not in done and all(
+            producer.get(t) in done or t not in producer or producer[t] == k
+            for t in nodes[k].inputs if t >= 0))
+        order.append(nodes[k])
+        done.add(k)
+    used = dict.fromkeys(x.inputs)
+    for op in order:
+        used.update(dict.fromkeys(t for t in (*op.inputs, *op.outputs) if t >= 0))
+    used.update(dict.fromkeys(x.outputs))
+    remap = {old: new for new, old in enumerate(used)}
+    import dataclasses
+    ops = [dataclasses.replace(op, inputs=[remap[t] if t >= 0 else -1 for t in op.inputs],
+                               outputs=[remap[t] for t in op.outputs], intermediates=[])
+           for op in order]
+    sg = Subgraph([x.tensors[t] for t in used], ops, [remap[t] for t in x.inputs],
+                  [remap[t] for t in x.outputs], x.name)
+    return Model(subgraphs=[sg], description="TOCO Converted.", version=3)
+
+
+def _statuses(x, covered) -> list[str]:
+    producer = {t: k for k, op in enumerate(x.operators) for t in op.outputs}
+    after: list[bool] = []
+    cut = False
+    out = []
+    for k, op in enumerate(x.operators):
+        parents = [producer[t] for t in op.inputs if t >= 0 and t in producer]
+        a = any(p in covered or after[p] for p in parents)
+        after.append(a)
+        if k in covered:
+            out.append(MAPPED)
+        elif a and cut:
+            out.append(SECOND)
+        else:
+            cut = cut or a
+            out.append(UNSPECIFIED)
+    return out
+
+
+def _table(x, statuses) -> list[str]:
+    counts: dict[tuple[str, str], int] = {}
+    for op, status in zip(x.operators, statuses):
+        counts[(op.name, status)] = counts.get((op.name, status), 0) + 1
+    rows = sorted(counts.items(), key=lambda kv: (kv[0][1] != MAPPED, kv[0][0]))
+    return [f"{'Operator':<31}{'Count':<11}Status", ""] + [
+        f"{name:<31}{n:<11}{status}" for (name, status), n in rows]
+
+
+def compile_one(src: Path, out_dir: Path, folder: Path | None, show: bool, timeout: int) -> None:
+    from coralrt.model import load_model
+    t0 = time.perf_counter()
+    data = src.read_bytes()
+    model = load_model(data)
+    x = model.main
+    found = None
+    for compiled, plain in (_candidates(folder) if folder and folder.is_dir() else ()):
+        found = _match(x, compiled, plain)
+        if found is not None:
+            e, covered = found
+            out_bytes = _replace(model, e, covered, compiled.main).to_bytes()
+            params = sum(x.tensors[t].buffer.nbytes for k in covered
+                         for t in set(x.operators[k].inputs)
+                         if t >= 0 and x.tensors[t].is_constant)
+            break
+    if found is None:
+        covered, out_bytes, params = set(), data, 0
+    statuses = _statuses(x, covered)
+    stem = src.name[:-len(".tflite")] if src.name.endswith(".tflite") else src.name
+    out_path = out_dir / f"{stem}_edgetpu.tflite"
+    log_path = out_dir / f"{stem}_edgetpu.log"
+    out_path.write_bytes(out_bytes)
+    table = _table(x, statuses)
+    log_path.write_text("\n".join([f"Edge TPU Compiler version {VERSION}", f"Input: {src}",
+                                   f"Output: {out_path}", "", *table, ""]))
+    n, tpu = len(x.operators), len(covered)
+    on_chip = min(params, ONCHIP)
+    lines = [
+        "", f"Model compiled successfully in {round(1e3 * (time.perf_counter() - t0))} ms.", "",
+        f"Input model: {src}", f"Input size: {_size(len(data))}",
+        f"Output model: {out_path}", f"Output size: {_size(len(out_bytes))}",
+        f"On-chip memory used for caching model parameters: {_size(on_chip)}",
+        f"On-chip memory remaining for caching model parameters: {_size(ONCHIP - on_chip)}",
+        f"Off-chip memory used for streaming uncached model parameters: "
+        f"{_size(params - on_chip)}",
+        f"Number of Edge TPU subgraphs: {1 if tpu else 0}",
+        f"Total number of operations: {n}", f"Operation log: {log_path}", "",
+    ]
+    if tpu < n:
+        lines += [NOT_ALL, f"Number of operations that will run on Edge TPU: {tpu}",
+                  f"Number of operations that will run on CPU: {n - tpu}", ""]
+    if show:
+        lines += [*table, ""]
+    else:
+        lines.append("See the operation log file for individual operation details.")
+    print("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="edgetpu_compiler", add_help=True)
+    p.add_argument("models", nargs="*")
+    p.add_argument("-v", "--version", action="store_true")
+    p.add_argument("-s", "--show_operations", action="store_true")
+    p.add_argument("-o", "--out_dir", default=".")
+    p.add_argument("-t", "--timeout_sec", type=int, default=180)
+    p.add_argument("-m", "--min_runtime_version", type=int, default=14)
+    p.add_argument("-i", "--intermediate_tensors", default=None)
+    p.add_argument("-n", "--num_segments", type=int, default=1)
+    p.add_argument("-d", "--search_delegate", action="store_true")
+    p.add_argument("-k", "--delegate_search_step", type=int, default=1)
+    p.add_argument("-a", "--enable_multiple_subgraphs", action="store_true")
+    args = p.parse_args(argv)
+    print(f"Edge TPU Compiler version {VERSION}", flush=True)
+    if args.version:
+        return 0
+    if not args.models:
+        print("ERROR: no model given. Usage: edgetpu_compiler [options] model...")
+        return 1
+    print(f"Started a compilation timeout timer of {args.timeout_sec} seconds.", flush=True)
+    if os.environ.get("FAKE_EDGETPU_HANG") == "1":
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        pid_file = os.environ.get("FAKE_EDGETPU_PIDFILE")
+        if pid_file:
+            Path(pid_file).write_text(f"{os.getpid()} {child.pid}")
+        while True:
+            time.sleep(1)
+    if os.environ.get("FAKE_EDGETPU_FAIL") == "1":
+        print("Internal compiler error. Aborting!")
+        return 1
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's coralrt
+    folder = os.environ.get("FAKE_EDGETPU_MODELS")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for m in args.models:
+        compile_one(Path(m), out_dir, Path(folder) if folder else None, args.show_operations,
+                    args.timeout_sec)
+    print("Compilation child process completed within timeout period.")
+    print("Compilation succeeded! ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
