@@ -24,7 +24,7 @@ from coralrt.errors import ConfigError, InputError, PluginError
 from coralrt.model.extract import extract
 from coralrt.model.types import Model
 
-__all__ = ["Step", "Program", "build_program", "EDGETPU_OP", "DEVICE_OPS"]
+__all__ = ["Step", "Program", "build_program", "run_steps", "EDGETPU_OP", "DEVICE_OPS"]
 
 EDGETPU_OP = "edgetpu-custom-op"       # an edgetpu_compiler program (DWN1 package)
 DEVICE_OPS = (SEGMENT_OP, EDGETPU_OP)
@@ -44,6 +44,22 @@ class Step:
     computed: bool = True     # False: the device returned placeholder outputs
 
 
+def run_steps(steps: list[Step], values: dict, hook: Callable | None = None) -> None:
+    """Run ``steps`` in order on ``values`` (tensor index -> array), adding their
+    outputs and recording host and device time on each step."""
+    clock = time.perf_counter
+    for step in steps:
+        start = clock()
+        args = [values[t] if t >= 0 else None for t in step.inputs]
+        results = step.run(args) if hook is None else hook(step, args)
+        step.host_seconds = clock() - start
+        if step.device is not None:
+            stats = step.device.last_stats
+            step.device_seconds = stats.device_seconds
+            step.computed = stats.computed
+        values.update(zip(step.outputs, results))
+
+
 @dataclass
 class Program:
     steps: list[Step]
@@ -54,18 +70,7 @@ class Program:
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         values = dict(zip(self.inputs, inputs))
-        clock = time.perf_counter
-        hook = self.runner
-        for step in self.steps:
-            start = clock()
-            args = [values[t] if t >= 0 else None for t in step.inputs]
-            results = step.run(args) if hook is None else hook(step, args)
-            step.host_seconds = clock() - start
-            if step.device is not None:
-                stats = step.device.last_stats
-                step.device_seconds = stats.device_seconds
-                step.computed = stats.computed
-            values.update(zip(step.outputs, results))
+        run_steps(self.steps, values, self.runner)
         return [values[t] for t in self.outputs]
 
     def resize_inputs(self, shapes) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.delegate.executor import Program, Step, build_program
+from coralrt.delegate.executor import Program, Step, build_program, run_steps
 from coralrt.errors import ConfigError, CoralRTError, InferenceError, InputError
 
 __all__ = ["PipelinedProgram", "Stage", "build_pipelined_program", "stages_of"]
@@ -285,17 +285,7 @@ def _fail(request: _Request, error: BaseException) -> None:
 
 
 def _run_stage(stage: Stage, values: dict, runner) -> None:
-    clock = time.perf_counter
-    for step in stage.steps:
-        start = clock()
-        args = [values[t] if t >= 0 else None for t in step.inputs]
-        results = step.run(args) if runner is None else runner(step, args)
-        step.host_seconds = clock() - start
-        if step.device is not None:
-            stats = step.device.last_stats
-            step.device_seconds = stats.device_seconds
-            step.computed = stats.computed
-        values.update(zip(step.outputs, results))
+    run_steps(stage.steps, values, runner)
 
 
 def _worker(stage: Stage, in_q: queue.Queue, out_q: queue.Queue | None, outputs: list[int],
