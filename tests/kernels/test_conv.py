@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from coralrt.model.builder import ModelBuilder
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.sim.kernels.conv import ExactGemm, Requantizer, compute_out_size
+from coralrt.sim.kernels.gemm import ExactGemm, Requantizer, compute_out_size
 
 from .harness import check
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.sim.kernels import OpContext, Run, register
-from coralrt.sim.kernels.conv import activation_range, compute_out_size, compute_padding
+from coralrt.sim.kernels.gemm import activation_range, compute_out_size, compute_padding
 
 __all__: list[str] = []
 
