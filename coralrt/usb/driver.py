@@ -15,10 +15,8 @@ until it is closed and opened again (which resets the stick).
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
-import zlib
 
 import numpy as np
 import usb.core
@@ -28,85 +26,19 @@ from coralrt.compile import segment as seg_format
 from coralrt.delegate.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceTimeoutError,
-    ExecutableError, InputError,
+    InputError,
 )
-from coralrt.model.types import numpy_dtype
 from coralrt.usb import bringup, dfu, firmware
 from coralrt.usb import constants as C
 from coralrt.usb.discovery import default_backend, select, speed_name
-from coralrt.usb.framing import Framer, prepare_stream
+from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
-from coralrt.usb.transforms import InputStager, OutputDecoder
+from coralrt.usb.programs import ExecutableProgram, SegmentProgram
 from coralrt.usb.transport import Transport, translate_error
 
 __all__ = ["UsbEdgeTpu", "open_device", "SegmentProgram", "ExecutableProgram"]
 
 log = logging.getLogger("coralrt.usb")
-
-RUN_MAGIC = b"CRTSRUN\0"
-RUN_RECORD = struct.Struct("<8sII")     # magic, CRC-32 of the segment header, input count
-
-
-class SegmentProgram:
-    """A coralrt segment; decoded (output shapes) on its first run."""
-
-    kind = "segment"
-
-    def __init__(self, data: memoryview):
-        self.data = data
-        self.key = bytes(data[:seg_format.HEADER_SIZE])
-        self.prepared = False
-
-    def prepare(self) -> None:
-        seg = seg_format.decode(self.data)
-        self.inputs = [(seg.tensors[i].shape, numpy_dtype(seg.tensors[i].dtype))
-                       for i in seg.inputs]
-        self.outputs = [(tuple(seg.tensors[i].shape), numpy_dtype(seg.tensors[i].dtype))
-                        for i in seg.outputs]
-        record = RUN_RECORD.pack(RUN_MAGIC, zlib.crc32(self.key), len(seg.inputs))
-        self.run_parts = prepare_stream(C.TAG_INSTRUCTIONS, record)
-        self.prepared = True
-
-
-class ExecutableProgram:
-    """A DWN1 package: the executables libedgetpu would pick, with staged buffers."""
-
-    kind = "dwn1"
-
-    def __init__(self, data: memoryview):
-        from coralrt.usb.dwn1 import parse_package, select_executables
-        self.data = data
-        self.package = parse_package(data)
-        self.cache, self.exe = select_executables(self.package)
-        for e in (self.cache, self.exe):
-            if e is not None and not e.fully_deterministic:
-                raise ExecutableError(
-                    f"the {e.type} executable does not have fully deterministic DMA hints; "
-                    f"libedgetpu refuses such executables over USB unless the device sends "
-                    f"bulk descriptors, which coralrt does not support")
-        if self.cache is not None and not self.cache.caching_token:
-            raise ExecutableError("the parameter-caching executable has caching token 0")
-        self.key = ("dwn1", len(data), zlib.crc32(data))
-        self.prepared = False
-        self.output_dtypes: list | None = None   # host dtypes when they differ (classifiers)
-
-    def prepare(self) -> None:
-        exe = self.exe
-        self.parts = {id(e): [prepare_stream(C.TAG_INSTRUCTIONS, c) for c in e.instructions]
-                      for e in (self.cache, exe) if e is not None}
-        reach: dict[str, int] = {}
-        for h in exe.dma_hints:
-            if h.kind in ("input", "output"):
-                reach[h.name] = max(reach.get(h.name, 0), h.offset + h.size)
-        self.stagers = [InputStager(layer, reach.get(layer.name)) for layer in exe.inputs]
-        self.by_input = {s.layer.name: s for s in self.stagers}
-        wants = self.output_dtypes or [None] * len(exe.outputs)
-        self.decoders = [OutputDecoder(layer, w) for layer, w in zip(exe.outputs, wants)]
-        self.raw = {layer.name: np.zeros(max(reach.get(layer.name, 0),
-                                             layer.size_bytes * layer.execution_count),
-                                         np.uint8) for layer in exe.outputs}
-        self.prepared = True
-
 
 class UsbEdgeTpu(EdgeTpuDevice):
     """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb)."""
