@@ -33,6 +33,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before 3.11
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,7 +182,7 @@ class PipelinedProgram:
         future = self.submit(inputs)
         try:
             return future.result(timeout)
-        except TimeoutError:
+        except FutureTimeout:
             raise InferenceError(f"the pipelined inference did not finish within {timeout} s"
                                  ) from None
 
