@@ -31,12 +31,12 @@ from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
 from coralrt.delegate.executor import build_program
 from coralrt.delegate.pipeline import build_pipelined_program
-from coralrt.model.builder import ModelBuilder
 from coralrt.sim.latency import LatencyModel
 from coralrt.usb import open_device
 from coralrt.usb.sim import SimulatedBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_partition import big_fc_model  # noqa: E402
 from test_pipeline import conv_chain, inputs  # noqa: E402
 
 pytestmark = pytest.mark.bench
@@ -48,18 +48,8 @@ _RESULTS: dict[tuple[str, int], float] = {}
 
 
 def big_fc(width: int = 3072):
-    rng = np.random.default_rng(0)
-    b = ModelBuilder()
-    x = b.input("x", (1, width), np.uint8, scale=0.02, zero_point=128)
-    for k in range(2):
-        w = b.constant(f"w{k}", rng.integers(0, 256, (width, width), dtype=np.uint8),
-                       scale=0.001, zero_point=128)
-        bias = b.constant(f"b{k}", np.zeros(width, np.int32), scale=0.00002, zero_point=0)
-        y = b.tensor(f"y{k}", (1, width), np.uint8, scale=0.05, zero_point=128)
-        b.op("FULLY_CONNECTED", [x, w, bias], [y])
-        x = y
-    b.output(x)
-    return b.build()
+    """Two fully connected layers whose weights do not fit in 8 MiB together."""
+    return big_fc_model(layers=2, width=width)
 
 
 CASES = {"conv-usb3": ("conv", "usb3"), "conv-usb2": ("conv", "usb2"), "fc-usb3": ("fc", "usb3")}
