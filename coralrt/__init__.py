@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from coralrt.delegate.hookspecs import hookimpl
+from coralrt.plugins.hookspecs import hookimpl
 from coralrt.errors import CoralRTError
 from coralrt.model import Model, load_model
 from coralrt.session import TARGETS, InferenceSession
@@ -20,13 +20,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Computed lazily, as pluggy does: importlib.metadata is slow to import.
+    # Computed lazily: importlib.metadata is slow to import.
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            value = version("coralrt")
-        except PackageNotFoundError:
-            value = "0+unknown"
-        globals()["__version__"] = value  # looked up once per process
-        return value
+        from coralrt.version import version
+        return version()
     raise AttributeError(f"module 'coralrt' has no attribute {name!r}")

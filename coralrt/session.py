@@ -42,7 +42,7 @@ class InferenceSession:
     :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
         the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
     :param device: the stick(s) for the Edge TPU steps: an open
-        :class:`coralrt.delegate.device.EdgeTpuDevice`, a path ("usb:0", ":1",
+        :class:`coralrt.runtime.device.EdgeTpuDevice`, a path ("usb:0", ":1",
         a port path) or a list of those to pipeline the segments over several
         sticks; ``None``: a simulated stick for ``sim``, the first stick found
         for ``coral``.
@@ -70,7 +70,7 @@ class InferenceSession:
                  override_builtins: bool = False, pipeline_depth: int = 2):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-        from coralrt.delegate.plugins import plugin_host
+        from coralrt.plugins.host import plugin_host
 
         self._backend = get_backend(backend)
         self._host = plugin_host(tuple(plugins or ()))

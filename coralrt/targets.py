@@ -44,12 +44,12 @@ class Prepared:
 
 def _program(model: Model, device, o: Options):
     if isinstance(device, list):      # several sticks: pipeline the segments over them
-        from coralrt.delegate.pipeline import build_pipelined_program
+        from coralrt.runtime.pipeline import build_pipelined_program
         return build_pipelined_program(model, devices=device, backend=o.backend,
                                        num_threads=o.num_threads, cpu_kernels=o.cpu_kernels,
                                        host=o.host, override_builtins=o.override_builtins,
                                        depth=o.pipeline_depth)
-    from coralrt.delegate.executor import build_program
+    from coralrt.runtime.executor import build_program
     return build_program(model, device=device, backend=o.backend, num_threads=o.num_threads,
                          cpu_kernels=o.cpu_kernels, host=o.host,
                          override_builtins=o.override_builtins)

@@ -15,7 +15,7 @@ import coralrt
 from coralrt import InferenceSession, TensorInfo
 from coralrt.cli.main import main
 from coralrt.cli.run_cmd import random_input
-from coralrt.demo import build_demo_model, demo_input
+from coralrt.cli.demo_model import build_demo_model, demo_input
 from coralrt.model.builder import ModelBuilder
 
 MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"

@@ -9,7 +9,7 @@ import pytest
 from ai_edge_litert.interpreter import Interpreter
 
 from coralrt import InferenceSession, load_model
-from coralrt.demo import DEMO_CLASSES, INPUT_SHAPE, build_demo_model, demo_input
+from coralrt.cli.demo_model import DEMO_CLASSES, INPUT_SHAPE, build_demo_model, demo_input
 
 
 def litert_run(model_bytes: bytes, x: np.ndarray, reference: bool = False) -> np.ndarray:

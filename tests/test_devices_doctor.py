@@ -20,7 +20,7 @@ from coralrt.cli.main import main
 from coralrt.errors import BackendUnavailableError, DeviceError
 from coralrt.usb import firmware, list_devices
 from coralrt.usb.discovery import DeviceInfo
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 
 RULES_FILE = REPO_ROOT / "udev" / "99-coralrt.rules"
 IMAGE = b"\x5a" * 4096  # stands in for the firmware image; tests pin its sha256

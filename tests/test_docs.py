@@ -23,7 +23,7 @@ def test_plugin_guide_examples_run(code, capsys):
 
 
 def test_plugin_guide_covers_every_hook():
-    from coralrt.delegate import hookspecs
+    from coralrt.plugins import hookspecs
     text = (DOCS / "plugins.md").read_text()
     for name in dir(hookspecs):
         if name.startswith("coralrt_"):

@@ -19,17 +19,18 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, shared_model
 
+from coralrt.formats.opnames import EDGETPU_OP
 from coralrt import config
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.edgetpu_compiler import (
-    OP_NAME, CompiledSegment, EdgeTpuCompiler, find_compiler, parse_log, parse_version,
+    CompiledSegment, EdgeTpuCompiler, find_compiler, parse_log, parse_version,
 )
 from coralrt.compile.jit import jit_compile
 from coralrt.compile.native import compile_model
 from coralrt.compile.partition import partition, plan_from_groups
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
-from coralrt.delegate import builtins
-from coralrt.delegate.registry import CompilerRegistry
+from coralrt.plugins import builtins
+from coralrt.plugins.registry import CompilerRegistry
 from coralrt.errors import (
     CompileError, CompilerUnavailableError, ConfigError, CoralRTError, SegmentNotMapped,
     TargetUnavailableError,
@@ -76,7 +77,7 @@ def _compiled(name: str):
 
 
 def _custom(model):
-    ops = [op for op in model.main.operators if op.name == OP_NAME]
+    ops = [op for op in model.main.operators if op.name == EDGETPU_OP]
     assert len(ops) == 1
     return ops[0]
 
@@ -457,7 +458,7 @@ def test_jit_compile_deeplab_keeps_the_tail_on_the_cpu(compiler):
     result = jit_compile(shared_model(f"{DEEPLAB}.tflite"), compiler=compiler,
                          cache=CompileCache(enabled=False))
     names = [op.name for op in result.model.main.operators]
-    assert names[0] == OP_NAME and names.count(OP_NAME) == 1
+    assert names[0] == EDGETPU_OP and names.count(EDGETPU_OP) == 1
     assert result.compile_info["summary"]["tpu_ops"] == 64
     assert load_model(result.model.to_bytes()).is_edgetpu_compiled
 
@@ -470,7 +471,7 @@ def test_stand_in_is_documented_and_executable():
 
 @pytest.fixture
 def fresh_plugins():
-    from coralrt.delegate import plugins
+    from coralrt.plugins import host as plugins
     plugins.reset()
     yield
     plugins.reset()  # the process-wide host must not keep this test's compiler
@@ -483,7 +484,7 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
 
     from coralrt import InferenceSession
     from coralrt.usb import open_device
-    from coralrt.usb.sim import SimulatedBackend
+    from coralrt.sim.stick import SimulatedBackend
 
     env.setenv("PATH", str(fake.parent))
     stick = open_device(None, SimulatedBackend(firmware_loaded=True, time_scale=0.0,
@@ -493,7 +494,7 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
                                    device=stick)
         assert session.compile_info["compiler"] == f"edgetpu_compiler {VERSION}"
         names = [op.name for op in session.model.main.operators]
-        assert names[0] == OP_NAME and names.count(OP_NAME) == 1 and len(names) == 9
+        assert names[0] == EDGETPU_OP and names.count(EDGETPU_OP) == 1 and len(names) == 9
         (inp,) = session.get_inputs()
         out = session.run({inp.name: np.zeros(inp.shape, inp.dtype)})
         assert out["ArgMax"].shape == (1, 513, 513)
@@ -503,7 +504,7 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
 
 def test_compile_command_with_edgetpu_compiler(tmp_path, env, fake, capsys):
     from coralrt.cli.main import main
-    from coralrt.delegate import plugins
+    from coralrt.plugins import host as plugins
 
     monkeypatch = env
     monkeypatch.setenv("CORALRT_EDGETPU_COMPILER", str(fake))

@@ -14,10 +14,11 @@ from conftest import REPO_ROOT, shared_model
 
 from coralrt import InferenceSession
 from coralrt.cli.main import main
-from coralrt.compile import segment as seg_format
+from coralrt.formats import segment_codec as seg_format
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.compile.native import SEGMENT_OP, compile_model
+from coralrt.compile.native import compile_model
+from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.errors import ModelError, UnsupportedOperatorError
 from coralrt.model import load_model
 

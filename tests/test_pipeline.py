@@ -1,5 +1,5 @@
 """Pipelining a program's Edge TPU segments across two simulated sticks
-(coralrt.delegate.pipeline): same outputs as the unpipelined program,
+(coralrt.runtime.pipeline): same outputs as the unpipelined program,
 concurrent callers, failures reaching the caller, shutdown, and two
 independent sessions on two sticks in one process.  No real stick is used:
 the sticks are the simulated USB backend with its latency model, so device
@@ -17,13 +17,13 @@ from coralrt import InferenceSession
 from coralrt.backends import get_backend
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.delegate.executor import Program, Step, build_program
-from coralrt.delegate.pipeline import PipelinedProgram, build_pipelined_program, stages_of
+from coralrt.runtime.executor import Program, Step, build_program
+from coralrt.runtime.pipeline import PipelinedProgram, build_pipelined_program, stages_of
 from coralrt.errors import ConfigError, DeviceError, InferenceError, InputError
 from coralrt.model.builder import ModelBuilder
 from coralrt.sim.latency import LatencyModel
 from coralrt.usb import open_device
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 
 TIMEOUT = 10.0
 

@@ -15,12 +15,13 @@ import coralrt
 from coralrt import InferenceSession
 from coralrt.compile.native import NativeCompiler
 from coralrt.compile.rules import OpSupport
-from coralrt.delegate import hookspecs
-from coralrt.delegate.plugins import PluginHost, plugin_host
-from coralrt.delegate.registry import CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.plugins import hookspecs
+from coralrt.plugins.host import PluginHost, plugin_host
+from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry, OpRegistry
 from coralrt.errors import PluginError, UnsupportedOperatorError
 from coralrt.model.builder import ModelBuilder
-from coralrt.sim.device import SimulatedEdgeTpu
+from coralrt.sim.stick import SimulatedBackend
+from coralrt.usb.driver import UsbEdgeTpu
 
 Q = dict(scale=0.05, zero_point=-3)
 
@@ -176,20 +177,24 @@ def test_hook_coralrt_register_compilers():
 def test_hook_coralrt_register_devices():
     made = []
 
-    class RecordingDevice(SimulatedEdgeTpu):
+    class RecordingDevice(UsbEdgeTpu):
         def run(self, handle, inputs):
             made.append("run")
             return super().run(handle, inputs)
 
+    def factory(kernels=None):
+        return RecordingDevice(None, SimulatedBackend(firmware_loaded=True, kernels=kernels,
+                                                      lock_scope="process"))
+
     class Plugin:
         @coralrt.hookimpl
         def coralrt_register_devices(self, registry):
-            registry.add("sim", RecordingDevice)
+            registry.add("sim", factory)
 
     host = PluginHost([Plugin()])
     fresh = DeviceRegistry()
     host.pm.hook.coralrt_register_devices(registry=fresh)
-    assert fresh.factories["sim"] is RecordingDevice
+    assert fresh.factories["sim"] is factory
     sess = InferenceSession(shared_model("split_concat.tflite"), target="sim",
                             plugins=[Plugin()])
     sess.run(random_inputs(sess.get_inputs()))

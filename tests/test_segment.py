@@ -13,12 +13,11 @@ from conftest import shared_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.compile.memplan import (
+from coralrt.formats.memplan import (
     EDGETPU_ONCHIP_BYTES, check_plan, plan_memory, split_parameters,
 )
-from coralrt.compile.segment import (
-    HEADER_SIZE, MAGIC, Segment, build_segment, check_segment, decode, encode,
-)
+from coralrt.formats.segment import Segment, build_segment, check_segment
+from coralrt.formats.segment_codec import HEADER_SIZE, MAGIC, decode, encode
 from coralrt.errors import ModelError, SegmentFormatError, SegmentTooLargeError
 from coralrt.model import load_model
 from coralrt.model.builder import ModelBuilder

@@ -7,7 +7,8 @@ from coralrt.cli._text import dumps, table
 from coralrt.cli.run_cmd import count_type, latency_summary, make_inputs, timed_runs
 from coralrt.compile.partition import MODES
 from coralrt.session import InferenceSession
-from coralrt.sim.latency import USB_RATES, LatencyModel
+from coralrt.plugins.host import plugin_host
+from coralrt.sim.latency import USB_RATES
 
 __all__ = ["add_parser", "command"]
 
@@ -38,8 +39,9 @@ def add_parser(sub, parents) -> None:
 def command(args) -> int:
     device = None
     if args.target == "sim":
-        from coralrt.sim.device import SimulatedEdgeTpu
-        device = SimulatedEdgeTpu(latency=LatencyModel(usb=args.usb))
+        # The device target="sim" creates, with the USB speed asked for.
+        host = plugin_host()
+        device = host.devices.create("sim", kernels=host.ops.sim_kernels(), usb=args.usb)
         device.open()
     sess = InferenceSession(args.model, target=args.target, num_threads=args.threads,
                             partition_mode=args.mode, device=device)
@@ -69,6 +71,9 @@ def command(args) -> int:
             "cpu_steps_on_this_host": round(cpu * 1e3, 4),
             "compile_cache_hit": sess.compile_info["cache_hit"],
         }
+    sess.close()
+    if device is not None:
+        device.close()
     print(dumps(result) if args.json else _format(result))
     return 0
 

@@ -1,7 +1,7 @@
 """``coralrt demo``: build the built-in classifier, run it, show where it ran.
 
 Needs no model file and no Edge TPU: the model is made in memory by
-:mod:`coralrt.demo` and runs on the simulated Edge TPU (``--target sim``, the
+:mod:`coralrt.cli.demo_model` and runs on the simulated Edge TPU (``--target sim``, the
 default) or on the CPU.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coralrt.cli._text import shape_str, table
 from coralrt.cli.run_cmd import count_type, timed_runs
-from coralrt.demo import build_demo_model, demo_input
+from coralrt.cli.demo_model import build_demo_model, demo_input
 from coralrt.session import InferenceSession
 
 __all__ = ["add_parser", "command", "placement"]

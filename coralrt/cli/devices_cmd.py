@@ -59,7 +59,7 @@ def add_parser(sub, parents) -> None:
 
 def simulated_backend(n: int):
     """A simulated USB bus with ``n`` sticks in bootloader mode, as real sticks are plugged in."""
-    from coralrt.usb.sim import SimulatedBackend
+    from coralrt.sim.stick import SimulatedBackend
     return SimulatedBackend(n_devices=n)
 
 

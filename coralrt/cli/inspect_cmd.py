@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from coralrt.cli._text import dumps, shape_str, size_str, table
+from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.model import Model, load_model
 from coralrt.tensors import TensorInfo
 
@@ -49,12 +50,12 @@ def _parameter_bytes(model: Model) -> int:
 def _edgetpu_report(model: Model) -> list[dict]:
     """One entry per ``edgetpu-custom-op``: its DWN1 package, or the reason it is unreadable."""
     from coralrt.errors import ExecutableError
-    from coralrt.usb.dwn1 import describe, parse_package
+    from coralrt.formats.dwn1 import describe, parse_package
 
     out = []
     for si, g in enumerate(model.subgraphs):
         for oi, op in enumerate(g.operators):
-            if op.name != "edgetpu-custom-op":
+            if op.name != EDGETPU_OP:
                 continue
             entry: dict = {"subgraph": si, "operator": oi}
             try:
@@ -140,7 +141,7 @@ def _edgetpu_lines(ops: list[dict]) -> list[str]:
 def format_report(r: dict) -> str:
     """The human-readable form of :func:`model_report`."""
     if r["edgetpu_compiled"]:
-        n = r["operators"].get("edgetpu-custom-op", 0)
+        n = r["operators"].get(EDGETPU_OP, 0)
         tpu = f"yes ({n} edgetpu-custom-op)"
     else:
         tpu = "no"

@@ -1,7 +1,10 @@
 """Turning a plain model into Edge TPU segments.
 
-This package holds the Edge TPU operator-support rules, the partitioner, the
-cost and memory model, the native segment format, the edgetpu_compiler
-wrapper and the on-disk compile cache (see docs/architecture.md).  Nothing in
-it is used by the ``cpu`` target.
+The Edge TPU operator-support rules (``rules.py``), the partitioner and its
+cost model (``partition.py``, ``costs.py``), the native compiler
+(``native.py``), the edgetpu_compiler plugin (``edgetpu_compiler.py``), the
+on-disk compile cache (``cache.py``, ``digest.py``) and the just-in-time
+front (``jit.py``).  Nothing in it is used by the ``cpu`` target.
+
+May import: errors, config, model, tensors, formats.
 """

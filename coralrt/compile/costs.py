@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from coralrt.compile.memplan import EDGETPU_ONCHIP_BYTES
+from coralrt.formats.memplan import EDGETPU_ONCHIP_BYTES
 from coralrt.model.types import Operator, Subgraph
 
 __all__ = ["CostModel", "macs_of", "op_macs", "ONCHIP_PARAMETER_BYTES"]

@@ -33,16 +33,16 @@ from pathlib import Path
 
 from coralrt import config
 from coralrt.compile.rules import MAPPED
+from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.errors import CompileError, CompilerUnavailableError, SegmentNotMapped
 from coralrt.model import Model, load_model
 
-__all__ = ["COMPILER_ID", "OP_NAME", "EdgeTpuCompiler", "CompiledSegment", "find_compiler",
+__all__ = ["COMPILER_ID", "EdgeTpuCompiler", "CompiledSegment", "find_compiler",
            "parse_version", "parse_log"]
 
 log = logging.getLogger("coralrt.compile")
 
 COMPILER_ID = "edgetpu_compiler"
-OP_NAME = "edgetpu-custom-op"
 BINARY = "edgetpu_compiler"
 LEFT_ON_CPU = "Left on the CPU by edgetpu_compiler (its log gives no status for this operator)"
 TAIL_LINES = 30
@@ -193,7 +193,7 @@ class EdgeTpuCompiler:
 
     id = COMPILER_ID
     runs_on = ("usb",)
-    op_name = OP_NAME
+    op_name = EDGETPU_OP
 
     def __init__(self, path: str | os.PathLike | None = None, *, timeout: float | None = None,
                  extra_args=()):
@@ -302,11 +302,11 @@ def _package(piece: Model, compiled: Model, report: dict) -> CompiledSegment:
     sg, csg = piece.main, compiled.main
     n = len(sg.operators)
     producer = {sg.tensors[t].name: k for k, op in enumerate(sg.operators) for t in op.outputs}
-    customs = [op for op in csg.operators if op.name == OP_NAME]
+    customs = [op for op in csg.operators if op.name == EDGETPU_OP]
     cpu: set[int] = set()
     unknown = False
     for op in csg.operators:
-        if op.name == OP_NAME:
+        if op.name == EDGETPU_OP:
             continue
         found = {producer[csg.tensors[t].name] for t in op.outputs
                  if csg.tensors[t].name in producer}
@@ -326,7 +326,7 @@ def _package(piece: Model, compiled: Model, report: dict) -> CompiledSegment:
     outs = [csg.tensors[t].name for t in op.outputs]
     missing = [x for x in (*ins, *outs) if x not in names]
     if missing:
-        raise CompileError(f"the compiled segment's {OP_NAME} uses tensors {missing[:4]} that "
+        raise CompileError(f"the compiled segment's {EDGETPU_OP} uses tensors {missing[:4]} that "
                            f"the segment does not have")
     log.debug("edgetpu_compiler mapped %d operators into %d bytes", n, len(op.custom_options))
     return CompiledSegment(bytes(op.custom_options), ins, outs, report)

@@ -25,7 +25,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from coralrt.compile import segment as seg_format
+from coralrt.formats import segment as seg_format
+from coralrt.formats import segment_codec
+from coralrt.formats.opnames import SEGMENT_OP
+from coralrt.version import version as coralrt_version
 from coralrt.compile.partition import (
     PartitionPlan, mib, partition, plan_from_groups, summary_lines,
 )
@@ -34,11 +37,10 @@ from coralrt.errors import ModelError, SegmentNotMapped, SegmentTooLargeError
 from coralrt.model.extract import extract
 from coralrt.model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
 
-__all__ = ["SEGMENT_OP", "NativeCompiler", "CompileResult", "compile_model", "compile_log"]
+__all__ = ["NativeCompiler", "CompileResult", "compile_model", "compile_log"]
 
 log = logging.getLogger("coralrt.compile")
 
-SEGMENT_OP = "coralrt-segment"
 OUT_OF_BUDGET = (f"{UNSPECIFIED_LIMITATION}: the compiler did not map its segment whole and "
                  f"the budget of compiler runs for re-splitting is spent")
 
@@ -52,10 +54,10 @@ class NativeCompiler:
 
     @property
     def version(self) -> str:
-        return f"{seg_format._compiler_version()}+seg{seg_format.FORMAT_VERSION}"
+        return f"{coralrt_version()}+seg{segment_codec.FORMAT_VERSION}"
 
     def compile_segment(self, piece: Model) -> bytes:
-        return seg_format.encode(seg_format.build_segment(
+        return segment_codec.encode(seg_format.build_segment(
             piece, compiler_id=self.id, compiler_version=self.version))
 
 

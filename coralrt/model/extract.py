@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from coralrt.errors import ModelError
-from coralrt.model.types import Model, Subgraph
+
+if TYPE_CHECKING:   # types.py imports this module: annotations only
+    from coralrt.model.types import Model, Subgraph
 
 __all__ = ["Extracted", "extract", "boundary"]
 
@@ -74,10 +77,9 @@ def extract(model: Model, op_indices, subgraph: int = 0) -> Extracted:
                             intermediates=remap(op.intermediates))
         for op in (sg.operators[i] for i in ops)
     ]
-    piece = Subgraph(
-        tensors=[dataclasses.replace(sg.tensors[t]) for t in used],
-        operators=new_ops, inputs=remap(inputs), outputs=remap(outputs), name=sg.name,
-    )
+    piece = dataclasses.replace(
+        sg, tensors=[dataclasses.replace(sg.tensors[t]) for t in used],
+        operators=new_ops, inputs=remap(inputs), outputs=remap(outputs))
     # Other subgraphs stay where they are so control-flow operators' subgraph
     # indices remain valid.
     subgraphs = list(model.subgraphs)
@@ -85,7 +87,10 @@ def extract(model: Model, op_indices, subgraph: int = 0) -> Extracted:
     if subgraph != 0:
         subgraphs[0], subgraphs[subgraph] = subgraphs[subgraph], subgraphs[0]
         _swap_subgraph_refs(subgraphs, 0, subgraph)
-    new = Model(subgraphs=subgraphs, description=model.description, version=model.version)
+    # A new model keeping only the description and version (no metadata,
+    # signatures or source bytes, which describe the whole model).
+    new = dataclasses.replace(model, subgraphs=subgraphs, buffers=[], metadata=[],
+                              signatures=[], metadata_buffer=[], source=None)
     return Extracted(new, inputs, outputs, tensor_map)
 
 

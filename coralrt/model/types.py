@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.model._schema import ENUMS
+from coralrt.model.extract import extract
+from coralrt.model.writer import write_model
 
 __all__ = [
     "TENSOR_TYPES", "TYPE_NAMES", "BUILTIN_CODES", "BUILTIN_NAMES", "ACTIVATIONS",
@@ -237,12 +240,11 @@ class Model:
     @property
     def is_edgetpu_compiled(self) -> bool:
         """True when edgetpu_compiler produced this model (it holds edgetpu-custom-op)."""
-        return any(op.opcode.custom_code == "edgetpu-custom-op"
+        return any(op.opcode.custom_code == EDGETPU_OP
                    for sg in self.subgraphs for op in sg.operators)
 
     def to_bytes(self) -> bytes:
         """Serialize to a TFLite flatbuffer."""
-        from coralrt.model.writer import write_model
         return write_model(self)
 
     def extract(self, op_indices, subgraph: int = 0) -> Model:
@@ -252,5 +254,4 @@ class Model:
         produce; its outputs are the tensors they produce that anything outside
         the cut (another operator or the model's outputs) reads.
         """
-        from coralrt.model.extract import extract
         return extract(self, op_indices, subgraph=subgraph).model

@@ -8,11 +8,15 @@ then any buffer only reachable from a tensor or metadata entry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from coralrt.model import flatbuf
 from coralrt.model._schema import UNIONS
-from coralrt.model.types import Buffer, Model, Operator, Quantization, Tensor
+
+if TYPE_CHECKING:   # types.py imports this module: annotations only
+    from coralrt.model.types import Buffer, Model, Operator, Quantization, Tensor
 
 __all__ = ["write_model"]
 

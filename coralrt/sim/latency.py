@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coralrt.compile.costs import macs_of
-from coralrt.compile.memplan import EDGETPU_ONCHIP_BYTES
-from coralrt.compile.segment import Segment
+from coralrt.formats.memplan import EDGETPU_ONCHIP_BYTES
+from coralrt.formats.segment import Segment
 
 __all__ = ["USB_RATES", "LatencyModel", "SegmentEstimate"]
 

@@ -2,10 +2,13 @@
 
 ``open_device(path=None, backend=None)`` finds a stick (``usb:N`` or a port
 path), loads its firmware if needed, brings the chip up and returns an open
-:class:`UsbEdgeTpu`; ``list_devices()`` lists sticks in both modes.  The
-package also holds DWN1 executable parsing (:mod:`coralrt.usb.dwn1`) and a
-simulated stick behind pyusb's backend interface (:mod:`coralrt.usb.sim`)
-that the tests run the same driver code against.  See docs/usb.md.
+:class:`UsbEdgeTpu`; ``list_devices()`` lists sticks in both modes.  This
+package is the real driver only: it knows a pyusb backend through pyusb's
+interface plus the optional :class:`~coralrt.usb.extension.BackendExtension`,
+and nothing of the simulated stick (:mod:`coralrt.sim.stick`) that the tests
+run it against.  See docs/usb.md.
+
+May import: errors, config, model, tensors, formats, runtime.
 """
 
 from __future__ import annotations

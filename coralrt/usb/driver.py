@@ -1,4 +1,4 @@
-"""The Coral USB Accelerator as an :class:`~coralrt.delegate.device.EdgeTpuDevice`.
+"""The Coral USB Accelerator as an :class:`~coralrt.runtime.device.EdgeTpuDevice`.
 
 ``open`` finds the stick (bounded retries), takes its per-stick lock,
 downloads the firmware if it is in bootloader mode, resets it, claims
@@ -22,8 +22,8 @@ import numpy as np
 import usb.core
 import usb.util
 
-from coralrt.compile import segment as seg_format
-from coralrt.delegate.device import EdgeTpuDevice, RunStats
+from coralrt.formats import segment_codec as seg_codec
+from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceTimeoutError,
     InputError,
@@ -181,8 +181,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
     def load(self, program):
         """A handle for ``program`` (segment bytes or edgetpu-custom-op custom_options)."""
         data = memoryview(program).cast("B")
-        if bytes(data[:8]) == seg_format.MAGIC:
-            key = bytes(data[:seg_format.HEADER_SIZE])
+        if bytes(data[:8]) == seg_codec.MAGIC:
+            key = bytes(data[:seg_codec.HEADER_SIZE])
             handle = self._programs.get(key)
             if handle is None:
                 handle = self._programs[key] = SegmentProgram(data)

@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 
-from coralrt.compile import segment as seg_format
+from coralrt.formats import segment_codec as seg_codec
 from coralrt.errors import ExecutableError
 from coralrt.model.types import numpy_dtype
 from coralrt.usb import constants as C
@@ -28,11 +28,11 @@ class SegmentProgram:
 
     def __init__(self, data: memoryview):
         self.data = data
-        self.key = bytes(data[:seg_format.HEADER_SIZE])
+        self.key = bytes(data[:seg_codec.HEADER_SIZE])
         self.prepared = False
 
     def prepare(self) -> None:
-        seg = seg_format.decode(self.data)
+        seg = seg_codec.decode(self.data)
         self.inputs = [(seg.tensors[i].shape, numpy_dtype(seg.tensors[i].dtype))
                        for i in seg.inputs]
         self.outputs = [(tuple(seg.tensors[i].shape), numpy_dtype(seg.tensors[i].dtype))
@@ -48,7 +48,7 @@ class ExecutableProgram:
     kind = "dwn1"
 
     def __init__(self, data: memoryview):
-        from coralrt.usb.dwn1 import parse_package, select_executables
+        from coralrt.formats.dwn1 import parse_package, select_executables
         self.data = data
         self.package = parse_package(data)
         self.cache, self.exe = select_executables(self.package)

@@ -29,11 +29,11 @@ import pytest
 from coralrt.backends import get_backend
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.delegate.executor import build_program
-from coralrt.delegate.pipeline import build_pipelined_program
+from coralrt.runtime.executor import build_program
+from coralrt.runtime.pipeline import build_pipelined_program
 from coralrt.sim.latency import LatencyModel
 from coralrt.usb import open_device
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_partition import big_fc_model  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 from conftest import shared_model
 
 from coralrt.usb import open_device
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 
 pytestmark = pytest.mark.bench
 

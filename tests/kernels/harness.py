@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.compile.segment import build_segment
+from coralrt.formats.segment import build_segment
 from coralrt.model import Model, load_model
-from coralrt.sim.interpreter import SegmentRunner
+from coralrt.sim.runner import SegmentRunner
 
 
 def run_reference(model_bytes: bytes, inputs: list) -> list:

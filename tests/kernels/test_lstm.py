@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.compile.segment import build_segment
+from coralrt.formats.segment import build_segment
 from coralrt.model import load_model
 from coralrt.model.builder import ModelBuilder
 from coralrt.model.extract import extract
-from coralrt.sim.interpreter import SegmentRunner
+from coralrt.sim.runner import SegmentRunner
 from coralrt.sim.kernels import lstm as lstm_kernels
 
 from .harness import check

@@ -26,7 +26,7 @@ from coralrt.usb import bringup, firmware, list_devices, open_device
 from coralrt.usb import constants as C
 from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 from coralrt.usb.transforms import InputStager, OutputDecoder, relayout_index, xor_sign
 from coralrt.usb.transport import Transport, translate_error
 
@@ -403,7 +403,7 @@ def test_session_runs_edgetpu_compiled_models_on_the_simulated_stick(caplog):
     from coralrt import InferenceSession
     from coralrt.errors import DeviceNotFoundError
     from coralrt.usb import open_device
-    from coralrt.usb.sim import SimulatedBackend
+    from coralrt.sim.stick import SimulatedBackend
     from conftest import random_inputs, shared_model
 
     path = shared_model("edgetpu/deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite")
@@ -428,7 +428,7 @@ def test_auto_target_picks_coral_when_a_stick_is_given_and_cpu_otherwise(caplog)
 
     from coralrt import InferenceSession
     from coralrt.usb import open_device
-    from coralrt.usb.sim import SimulatedBackend
+    from coralrt.sim.stick import SimulatedBackend
 
     compiled = shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite")
     with open_device(backend=SimulatedBackend(firmware_loaded=True)) as dev, \

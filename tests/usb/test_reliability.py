@@ -17,7 +17,7 @@ from conftest import REPO_ROOT, shared_model
 
 from coralrt.errors import DeviceBusyError, DeviceError, DeviceLostError, DeviceTimeoutError
 from coralrt.usb import open_device
-from coralrt.usb.sim import SimulatedBackend
+from coralrt.sim.stick import SimulatedBackend
 
 TIMEOUT = 0.5
 SLACK = 1.0           # scheduling margin on top of the timeout
@@ -111,7 +111,7 @@ _HOLDER = textwrap.dedent("""
     import numpy as np
     from coralrt.model import load_model
     from coralrt.usb import open_device
-    from coralrt.usb.sim import SimulatedBackend
+    from coralrt.sim.stick import SimulatedBackend
     model = load_model(sys.argv[1])
     program = next(op.custom_options for op in model.main.operators
                    if op.name == "edgetpu-custom-op")

@@ -15,12 +15,14 @@ import usb.core
 import usb.util
 from conftest import REPO_ROOT, shared_model
 
-from coralrt.compile.segment import HEADER_SIZE, build_segment, encode
+from coralrt.formats.segment import build_segment
+from coralrt.formats.segment_codec import HEADER_SIZE, encode
 from coralrt.model.builder import ModelBuilder
-from coralrt.sim.interpreter import SegmentRunner
+from coralrt.sim.runner import SegmentRunner
 from coralrt.sim.latency import LatencyModel
-from coralrt.usb.sim import OPEN_TRACE, Fault, FaultPlan, SimulatedBackend
-from coralrt.usb.sim_registers import parse_trace
+from coralrt.sim.stick import Fault, FaultPlan, SimulatedBackend
+from coralrt.sim.stick.registers import OPEN_TRACE
+from coralrt.sim.stick.registers import parse_trace
 
 BOOT, APP = (0x1A6E, 0x089A), (0x18D1, 0x9302)
 TRACE_TSV = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"

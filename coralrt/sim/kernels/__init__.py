@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coralrt.compile.segment import SegmentOp, SegmentTensor
+from coralrt.formats.segment import SegmentOp, SegmentTensor
 from coralrt.model.types import numpy_dtype
 
 __all__ = ["OpContext", "Run", "KERNELS", "register", "kernel_for"]

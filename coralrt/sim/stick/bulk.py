@@ -35,9 +35,9 @@ from collections import deque
 
 import numpy as np
 
-from coralrt.compile import segment as seg_format
+from coralrt.formats import segment_codec as seg_codec
 from coralrt.model.types import numpy_dtype
-from coralrt.sim.interpreter import SegmentRunner
+from coralrt.sim.runner import SegmentRunner
 from coralrt.usb.constants import (
     EVENT, HEADER, TAG_ERROR, TAG_INPUT, TAG_INSTRUCTIONS, TAG_INTERRUPT0, TAG_PARAMETERS,
 )
@@ -159,7 +159,7 @@ class BulkEngine:
 
     def _classify(self, s: _Stream) -> None:
         head = bytes(s.data[:_PROBE])
-        if s.tag == TAG_PARAMETERS and head == seg_format.MAGIC:
+        if s.tag == TAG_PARAMETERS and head == seg_codec.MAGIC:
             s.kind = "load"
         elif s.tag == TAG_INSTRUCTIONS and s.length == RUN_RECORD.size and head == RUN_MAGIC:
             s.kind = "run"
@@ -194,12 +194,12 @@ class BulkEngine:
             self._error_events += 1
 
     def _load(self, program: bytes) -> None:
-        key = program[:seg_format.HEADER_SIZE]
+        key = program[:seg_codec.HEADER_SIZE]
         if key in self.loaded:
             self._event(len(program), TAG_INTERRUPT0)
             return
         try:
-            segment = seg_format.decode(program)
+            segment = seg_codec.decode(program)
             runner = SegmentRunner(segment, self.kernels)
         except Exception as e:      # any reason the program cannot run on this stick
             log.warning("simulated stick: cannot load segment: %s", e)

@@ -15,8 +15,8 @@ import threading
 import pluggy
 
 from coralrt import config
-from coralrt.delegate import builtins, hookspecs
-from coralrt.delegate.registry import CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.plugins import builtins, hookspecs
+from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry, OpRegistry
 from coralrt.errors import PluginError
 
 __all__ = ["PluginHost", "plugin_host", "ENTRY_POINT_GROUP"]
@@ -53,7 +53,7 @@ class PluginHost:
             pm.check_pending()
         except pluggy.PluginValidationError as e:
             raise PluginError(f"{e} (a @coralrt.hookimpl function must be named after a "
-                              f"hook in coralrt/delegate/hookspecs.py)") from e
+                              f"hook in coralrt/plugins/hookspecs.py)") from e
         self.pm = pm
         self.ops = OpRegistry()
         self.compilers = CompilerRegistry()

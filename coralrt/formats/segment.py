@@ -6,7 +6,7 @@ tensor shapes, types and quantization (per-channel included), the constant
 data in one aligned parameter blob, and the on-chip memory plan.  It is built
 from a standalone model cut out by :func:`coralrt.model.extract.extract`, and
 stored with :func:`encode` / :func:`decode` (byte layout in
-``docs/segment-format.md``); the memory plan is in :mod:`coralrt.compile.memplan`.
+``docs/segment-format.md``); the memory plan is in :mod:`coralrt.formats.memplan`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.compile.memplan import (
+from coralrt.formats.memplan import (
     SMALL_PARAMETER_ALIGNMENT, WEIGHT_ALIGNMENT, MemoryPlan, align_up, check_plan, plan_memory,
 )
 from coralrt.errors import SegmentFormatError
+from coralrt.version import version
 from coralrt.model.types import BUILTIN_NAMES, CUSTOM, TYPE_NAMES, Model, numpy_dtype, packed_size
 
 __all__ = [
-    "KINDS", "COMPILER_ID", "MAGIC", "FORMAT_VERSION", "HEADER_SIZE", "SegmentTensor",
-    "SegmentOp", "Segment", "build_segment", "check_segment", "encode", "decode",
+    "KINDS", "COMPILER_ID", "SegmentTensor",
+    "SegmentOp", "Segment", "build_segment", "check_segment",
     "parameter_alignment", "attach_parameter_views",
 ]
 
@@ -33,9 +34,6 @@ COMPILER_ID = "coralrt-native"
 _I32 = 2**31
 
 
-def _compiler_version() -> str:
-    import coralrt
-    return str(coralrt.__version__)
 
 
 @dataclass(eq=False)
@@ -169,7 +167,7 @@ def build_segment(model: Model, *, compiler_id: str = COMPILER_ID,
             b"" if opts is None else bytes(opts)))
     blob = _layout_parameters(sg, tensors, ops)
     seg = Segment(tensors, ops, tuple(ins), tuple(outs), blob, None, sg.name, compiler_id,
-                  _compiler_version() if compiler_version is None else compiler_version)
+                  version() if compiler_version is None else compiler_version)
     _check_structure(seg)
     plan_memory(seg)
     attach_parameter_views(seg)
@@ -310,9 +308,3 @@ def _check_quantization(t: SegmentTensor, where: str) -> None:
     elif t.quantized_dimension != 0:
         raise SegmentFormatError(f"per-tensor quantization with quantized dimension "
                                  f"{t.quantized_dimension} (must be 0)", where=where)
-
-
-# The byte format lives in segment_codec; re-exported here for one import site.
-from coralrt.compile.segment_codec import (  # noqa: E402
-    FORMAT_VERSION, HEADER_SIZE, MAGIC, decode, encode,
-)

@@ -9,10 +9,10 @@ descriptors, DFU, register access, framing, events) and the recorded
 libedgetpu open trace, and everything not recorded there (the coralrt
 segment protocol, fault behaviour) is this project's own design.
 
-What a stick does is described in :mod:`coralrt.usb.sim_stick` (modes,
-control requests, resets), :mod:`coralrt.usb.sim_dfu` (DFU 1.1),
-:mod:`coralrt.usb.sim_registers` (register answers replayed from the trace)
-and :mod:`coralrt.usb.sim_bulk` (bulk framing, segments, DWN1 streams).
+What a stick does is described in :mod:`coralrt.sim.stick.stick` (modes,
+control requests, resets), :mod:`coralrt.sim.stick.dfu` (DFU 1.1),
+:mod:`coralrt.sim.stick.registers` (register answers replayed from the trace)
+and :mod:`coralrt.sim.stick.bulk` (bulk framing, segments, DWN1 streams).
 
 Every transfer is appended to ``backend.transcript`` as a dict with at least
 ``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``.  Ops:
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 
 import usb.backend
 
-from coralrt.usb.sim_registers import OPEN_TRACE, parse_trace
-from coralrt.usb.sim_stick import SimulatedStick, usb_error
+from coralrt.sim.stick.registers import OPEN_TRACE, parse_trace
+from coralrt.sim.stick.stick import SimulatedStick, usb_error
 
-__all__ = ["SimulatedBackend", "SimulatedStick", "FaultPlan", "Fault", "FAULT_KINDS", "OPEN_TRACE"]
+__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS"]
 
 log = logging.getLogger("coralrt.usb")
 
@@ -106,7 +106,7 @@ class SimulatedBackend(usb.backend.IBackend):
     time (None: device time 0).  ``trace_path``: a TSV trace (the layout of the
     reference's libedgetpu-open-trace.tsv) whose read answers replace the
     built-in :data:`OPEN_TRACE`.  ``kernels``: extra kernel factories by
-    operator name, as for :class:`coralrt.sim.device.SimulatedEdgeTpu`.
+    operator name, as plugins register them (see coralrt/sim/kernels/__init__.py).
     ``max_wait``: longest a simulated timeout or empty read really waits.
     ``dfu_busy_polls``: GETSTATUS answers of dfuDNBUSY before each block is done.
     """

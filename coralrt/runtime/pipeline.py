@@ -1,7 +1,7 @@
 """Pipeline a program's Edge TPU segments across several sticks.
 
 :func:`build_pipelined_program` builds the steps of a compiled model with
-:func:`coralrt.delegate.executor.build_program`, Edge TPU segment ``i`` on
+:func:`coralrt.runtime.executor.build_program`, Edge TPU segment ``i`` on
 ``devices[i % len(devices)]``, and cuts them into stages: each TPU step starts
 a stage, and the CPU and plugin steps that follow it (up to the next TPU step)
 belong to that stage; CPU steps before the first TPU step join the first
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.delegate.executor import Program, Step, build_program, run_steps
+from coralrt.runtime.executor import Program, Step, build_program, run_steps
 from coralrt.errors import ConfigError, CoralRTError, InferenceError, InputError
 
 __all__ = ["PipelinedProgram", "Stage", "build_pipelined_program", "stages_of"]
@@ -123,7 +123,7 @@ class _State:
 class PipelinedProgram:
     """Stages of a program on worker threads with bounded queues between them.
 
-    Has the interface of :class:`~coralrt.delegate.executor.Program` (``lock``,
+    Has the interface of :class:`~coralrt.runtime.executor.Program` (``lock``,
     ``run``, ``resize_inputs``, ``profile``) plus :meth:`submit` and
     :meth:`close`.  ``lock`` is a no-op: ``run`` is safe to call from several
     threads at once and must not be serialised by its callers.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from coralrt.errors import SegmentFormatError, SegmentTooLargeError
 
 if TYPE_CHECKING:
-    from coralrt.compile.segment import Segment
+    from coralrt.formats.segment import Segment
 
 __all__ = [
     "EDGETPU_ONCHIP_BYTES", "ACTIVATION_ALIGNMENT", "WEIGHT_ALIGNMENT", "SMALL_PARAMETER_ALIGNMENT",

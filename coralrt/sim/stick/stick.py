@@ -3,7 +3,7 @@
 A stick starts in bootloader mode (1a6e:089a) or, with firmware already
 loaded, in running mode (18d1:9302).  Control transfers reach the DFU state
 machine (bootloader) or the register file (running, vendor requests of the
-reference §1.5); bulk transfers reach the :class:`~coralrt.usb.sim_bulk.BulkEngine`.
+reference §1.5); bulk transfers reach the :class:`~coralrt.sim.stick.bulk.BulkEngine`.
 A USB reset after a successful download re-enumerates the stick in running
 mode at a new address (after a delay with the "slow_reenumeration" fault);
 handles opened before then fail with ENODEV, as libusb's do.
@@ -26,15 +26,15 @@ from collections import deque
 
 import usb.core
 
-from coralrt.usb import sim_descriptors as desc
+from coralrt.sim.stick import descriptors as desc
 from coralrt.usb.constants import (
     EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_INTERRUPT_BIT,
     HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE, REQ_REG32, REQ_REG64,
     RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL,
 )
-from coralrt.usb.sim_bulk import BulkEngine
-from coralrt.usb.sim_dfu import REQUEST_NAMES, DfuMachine, DfuStall
-from coralrt.usb.sim_registers import RegisterFile
+from coralrt.sim.stick.bulk import BulkEngine
+from coralrt.sim.stick.dfu import REQUEST_NAMES, DfuMachine, DfuStall
+from coralrt.sim.stick.registers import RegisterFile
 
 __all__ = ["SimulatedStick", "usb_error"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from coralrt.errors import ExecutableError
 from coralrt.model.flatbuf import FlatbufferError, decode_root
-from coralrt.usb.dwn1_schema import (
+from coralrt.formats.dwn1_schema import (
     IDENTIFIER, LAYOUT, UNIONS, FlexReader, Layer, OutputLayout, TensorSlice, binary_strings,
     enum_name, layer_from_table,
 )

@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coralrt.backends.base import CpuBackend
-from coralrt.compile.native import SEGMENT_OP
-from coralrt.delegate.device import EdgeTpuDevice
+from coralrt.formats.opnames import DEVICE_OPS, EDGETPU_OP
+from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.errors import ConfigError, InputError, PluginError
 from coralrt.model.extract import extract
 from coralrt.model.types import Model
 
-__all__ = ["Step", "Program", "build_program", "run_steps", "EDGETPU_OP", "DEVICE_OPS"]
+__all__ = ["Step", "Program", "build_program", "run_steps"]
 
-EDGETPU_OP = "edgetpu-custom-op"       # an edgetpu_compiler program (DWN1 package)
-DEVICE_OPS = (SEGMENT_OP, EDGETPU_OP)
 
 
 @dataclass
@@ -95,7 +93,7 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
     ``override_builtins``), everything else in the CPU backend.
 
     ``devices`` (instead of ``device``): Edge TPU segment ``i`` runs on
-    ``devices[i % len(devices)]``, as :mod:`coralrt.delegate.pipeline` uses it.
+    ``devices[i % len(devices)]``, as :mod:`coralrt.runtime.pipeline` uses it.
     """
     if devices is not None:
         if device is not None:
@@ -154,7 +152,7 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
 
 
 def _plugin_step(sg, i: int, kernel) -> Step:
-    from coralrt.delegate.registry import OpInfo
+    from coralrt.plugins.registry import OpInfo
     from coralrt.model.custom_options import decode_flexbuffer_map
     from coralrt.tensors import TensorInfo
 

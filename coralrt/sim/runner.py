@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.compile.segment import Segment
+from coralrt.formats.segment import Segment
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext, kernel_for

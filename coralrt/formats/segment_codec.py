@@ -12,8 +12,8 @@ import zlib
 
 import numpy as np
 
-from coralrt.compile.memplan import ACTIVATION_ALIGNMENT, ActivationSlot, MemoryPlan, align_up
-from coralrt.compile.segment import (
+from coralrt.formats.memplan import ACTIVATION_ALIGNMENT, ActivationSlot, MemoryPlan, align_up
+from coralrt.formats.segment import (
     KINDS, Segment, SegmentOp, SegmentTensor, attach_parameter_views, check_segment,
 )
 from coralrt.errors import SegmentFormatError

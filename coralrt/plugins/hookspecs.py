@@ -13,7 +13,7 @@ or registered explicitly with ``InferenceSession(..., plugins=[obj])``.
 function marked ``@hookimpl`` whose name is not a hook here is an error at
 load time (a typo never fails silently).  coralrt's own compiler, devices and
 step runner are registered through these same hooks
-(``coralrt/delegate/builtins.py``).
+(``coralrt/plugins/builtins.py``).
 
 See docs/plugins.md for a runnable example of each hook.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from coralrt.delegate.registry import CompilerRegistry, DeviceRegistry, OpRegistry
+    from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry, OpRegistry
 
 __all__ = ["PROJECT", "hookspec", "hookimpl"]
 
@@ -48,7 +48,7 @@ def coralrt_register_ops(registry: OpRegistry) -> None:
         ``"Sinh"``) or for a builtin (``"ADD"``; used only when the session is
         created with ``override_builtins=True``).  ``fn(inputs, op)`` receives
         the list of input arrays (None for omitted optional inputs) and an
-        :class:`~coralrt.delegate.registry.OpInfo` (``name``, ``options``,
+        :class:`~coralrt.plugins.registry.OpInfo` (``name``, ``options``,
         ``custom_options`` bytes, ``flex_options`` dict when the custom options
         are a FlexBuffer map, ``inputs`` and ``outputs`` as ``TensorInfo``) and
         returns a list of output arrays with the outputs' shapes and dtypes.
@@ -80,7 +80,7 @@ def coralrt_register_devices(registry: DeviceRegistry) -> None:
     """Provide device kinds.
 
     :param registry: call ``registry.add(kind, factory)``; ``factory(**options)``
-        returns an unopened :class:`coralrt.delegate.device.EdgeTpuDevice`.
+        returns an unopened :class:`coralrt.runtime.device.EdgeTpuDevice`.
     :returns: nothing.
     """
 
@@ -118,7 +118,7 @@ def coralrt_run_step(step, inputs: list) -> list | None:
             print(step.label, time.perf_counter() - start)
             return outputs
 
-    :param step: a :class:`coralrt.delegate.executor.Step` (``kind`` is
+    :param step: a :class:`coralrt.runtime.executor.Step` (``kind`` is
         ``"tpu"``, ``"cpu"`` or ``"plugin"``; ``label``; ``ops``).
     :param inputs: the step's input arrays, in order.
     :returns: the step's output arrays (stops at the first non-None result).

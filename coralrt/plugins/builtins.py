@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from coralrt.delegate.hookspecs import hookimpl
+from coralrt.plugins.hookspecs import hookimpl
+from coralrt.sim.stick.device import simulated_stick
 
 
 log = logging.getLogger("coralrt.plugins")
@@ -37,25 +38,6 @@ def _register_edgetpu_compiler(registry) -> None:
         return
     log.debug("edgetpu_compiler %s at %s registered for usb sticks", version, path)
     registry.add(compiler)
-
-
-def simulated_stick(kernels: dict | None = None):
-    """A simulated Coral USB Accelerator, driven by the real USB driver.
-
-    ``target="sim"`` runs through the same driver code as a real stick: pyusb
-    calls into :class:`coralrt.usb.sim.SimulatedBackend`, which executes the
-    segments with the simulated Edge TPU's kernels and reports the latency
-    model's estimate without waiting for it.  Each session gets its own stick,
-    so state (LSTM) starts fresh as in a new interpreter; the stick is private
-    to the process and takes no cross-process lock.
-    """
-    from coralrt.sim.latency import LatencyModel
-    from coralrt.usb.driver import UsbEdgeTpu
-    from coralrt.usb.sim import SimulatedBackend
-
-    backend = SimulatedBackend(firmware_loaded=True, latency=LatencyModel(), time_scale=0.0,
-                               transcript_limit=256, lock_scope="process", kernels=kernels)
-    return UsbEdgeTpu(None, backend)
 
 
 @hookimpl

@@ -1,0 +1,13 @@
+"""The plugin system: the contract, the host, the registries and coralrt's built-ins.
+
+``hookspecs.py`` is THE documented plugin contract.  ``host.py`` builds a
+pluggy manager with the built-ins, the ``coralrt`` entry points and a
+session's explicit plugins, and fills the registries (``registry.py``) by
+calling every registration hook through pluggy.  ``builtins.py`` is
+coralrt's own plugin: the native and edgetpu_compiler compilers and the
+``sim`` device kind.
+
+May import: errors, config, model, tensors, formats, compile, sim, runtime,
+backends, usb (the built-ins wire those together).  Imported by: targets,
+session, the facade, cli.
+"""

@@ -1,0 +1,11 @@
+"""What runs a prepared model: the device contract, programs, the executor, the pipeline.
+
+``device.py`` is the contract every Edge TPU device implements; ``program.py``
+the one :class:`~coralrt.runtime.program.Program` protocol a session drives
+(CPU programs, executor programs and pipelined programs implement it);
+``executor.py`` turns a compiled model into steps and runs them;
+``pipeline.py`` spreads the steps over several sticks.
+
+May import: errors, config, model, tensors, formats.  Nothing here knows
+which device, compiler or CPU backend it is given.
+"""

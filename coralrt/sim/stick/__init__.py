@@ -1,0 +1,17 @@
+"""A simulated Coral USB Accelerator behind pyusb's backend interface.
+
+``backend.py`` (:class:`SimulatedBackend`, faults), ``stick.py`` (modes,
+control requests, resets), ``dfu.py``, ``registers.py``, ``descriptors.py``
+and ``bulk.py`` (framing, segments, DWN1 streams).  The driver in
+:mod:`coralrt.usb` talks to it with ordinary pyusb calls and learns what it
+needs beyond pyusb through :class:`coralrt.usb.extension.BackendExtension`.
+
+May import: errors, config, model, tensors, formats, compile, sim (kernels,
+runner, latency), runtime, usb.
+"""
+
+from __future__ import annotations
+
+from coralrt.sim.stick.backend import FAULT_KINDS, Fault, FaultPlan, SimulatedBackend
+
+__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS"]
