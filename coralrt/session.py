@@ -8,14 +8,15 @@ only checks the feed against precomputed expectations and calls the program.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 
 from coralrt.backends import get_backend
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
+from coralrt.plugins.host import plugin_host
 from coralrt.tensors import TensorInfo
 
 __all__ = ["InferenceSession", "TARGETS"]
@@ -70,25 +71,22 @@ class InferenceSession:
                  override_builtins: bool = False, pipeline_depth: int = 2):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-        from coralrt.plugins.host import plugin_host
-
         self._backend = get_backend(backend)
         self._host = plugin_host(tuple(plugins or ()))
         self._override = override_builtins
-        self._warned = False
         options = targets.Options(
             backend=self._backend, host=self._host, num_threads=num_threads,
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
             device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth)
+        parsed = None
         if target == "auto":
-            target = targets.choose_auto(model, options)
+            target, parsed = targets.choose_auto(model, options)
         self.target = target
-        prepared = targets.prepare(target, model, options)
+        prepared = targets.prepare(target, model, options, parsed)
         self.model, self._program = prepared.model, prepared.program
         self.compile_info = prepared.compile_info
         # A device list pipelines the Edge TPU segments over the sticks.
-        self.devices = list(prepared.device) if isinstance(prepared.device, list) else (
-            [prepared.device] if prepared.device is not None else [])
+        self.devices = prepared.devices
         self.device = self.devices[0] if self.devices else None
         given = device if isinstance(device, (list, tuple)) else [device]
         self._owned = [d for d in self.devices if not any(d is g for g in given)]
@@ -104,21 +102,11 @@ class InferenceSession:
         log.debug("session ready on %s: %d inputs, %d outputs, backend %s", target,
                   len(self._inputs), len(self._outputs), self._backend.name)
 
-    @property
-    def outputs_computed(self) -> bool:
-        """False when the last run's Edge TPU outputs are placeholders (an
-        edgetpu_compiler program on the simulated stick, which cannot execute
-        Google's instructions)."""
-        return all(step.get("computed", True) for step in self.profile())
-
     def profile(self) -> list[dict]:
-        """Per step of the last ``run``: kind ("tpu"/"cpu"), label, host seconds and,
-        for Edge TPU steps, the estimated device seconds of a real USB stick."""
-        if hasattr(self._program, "profile"):
-            return self._program.profile()
-        return [{"step": 0, "kind": "cpu", "label": f"cpu: whole model ({self.backend})",
-                 "operators": len(self.model.main.operators),
-                 "host_seconds": getattr(self, "_last_host", 0.0), "device_seconds": None}]
+        """Per step of the last ``run``: kind ("tpu"/"cpu"/"plugin"), label, host
+        seconds and, for Edge TPU steps, the device seconds (the latency model's
+        estimate on the simulated stick)."""
+        return self._program.profile()
 
     # -- description ----------------------------------------------------------
 
@@ -150,13 +138,7 @@ class InferenceSession:
                 if shapes != self._shapes:
                     program.resize_inputs(shapes)
                     self._shapes = shapes
-            start = time.perf_counter()
             results = program.run(arrays)
-            self._last_host = time.perf_counter() - start
-        if self.target == "coral" and not self.outputs_computed and not self._warned:
-            self._warned = True
-            log.warning("the Edge TPU outputs of this run are zero-filled placeholders: the "
-                        "simulated stick cannot execute edgetpu_compiler programs")
         if outputs is None:
             return dict(zip(self._output_names, results))
         if isinstance(outputs, str):
@@ -174,35 +156,32 @@ class InferenceSession:
         """Like :meth:`run`, without waiting: a ``concurrent.futures.Future`` of
         ``{output name: array}``.  Pipelined sessions (``device=[...]``) overlap
         submitted requests; other sessions run the request before returning."""
-        from concurrent.futures import Future
         arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
         names = self._output_names
-        if hasattr(self._program, "submit"):
-            inner = self._program.submit(arrays)
-            outer: Future = Future()
-            outer.set_running_or_notify_cancel()
+        if self._dynamic:    # resizing and running must stay one atomic pair
+            future: Future = Future()
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(self.run(arrays))
+            except Exception as e:  # noqa: BLE001 - delivered through the future
+                future.set_exception(e)
+            return future
+        inner = self._program.submit(arrays)
+        outer: Future = Future()
+        outer.set_running_or_notify_cancel()
 
-            def done(f):
-                error = f.exception()
-                if error is not None:
-                    outer.set_exception(error)
-                else:
-                    outer.set_result(dict(zip(names, f.result())))
-            inner.add_done_callback(done)
-            return outer
-        future = Future()
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(self.run(arrays))
-        except Exception as e:  # noqa: BLE001 - delivered through the future
-            future.set_exception(e)
-        return future
+        def done(f):
+            error = f.exception()
+            if error is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(dict(zip(names, f.result())))
+        inner.add_done_callback(done)
+        return outer
 
     def close(self) -> None:
         """Stop a pipeline and close the sticks this session opened (idempotent)."""
-        close = getattr(self._program, "close", None)
-        if callable(close):
-            close()
+        self._program.close()
         for device in self._owned:
             device.close()
         self._owned = []

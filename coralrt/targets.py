@@ -1,35 +1,51 @@
 """What each target prepares when a session is created.
 
-``prepare(target, model, options)`` returns the model the session describes,
-the program it runs (a CPU backend program, or an executor program of TPU,
-CPU and plugin steps), the device, and the compile information.
+``prepare(target, source, options)`` returns the model the session describes,
+the :class:`~coralrt.runtime.program.Program` it runs (a CPU backend program,
+an executor program of TPU, CPU and plugin steps, or a pipelined program),
+the device(s), and the compile information.  The source model is parsed at
+most once per session, and not at all on a compile-cache hit of ``sim``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Union
 
-from coralrt.errors import ConfigError, ModelError
+from coralrt.backends.base import CpuBackend
+from coralrt.compile.cache import CompileCache
+from coralrt.compile.jit import JitResult, jit_compile
+from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt.model import Model, load_model
+from coralrt.plugins.host import PluginHost
+from coralrt.runtime.device import EdgeTpuDevice
+from coralrt.runtime.executor import build_program
+from coralrt.runtime.pipeline import build_pipelined_program
+from coralrt.runtime.program import Program
+from coralrt.usb import list_devices, open_device
 
-__all__ = ["Prepared", "Options", "prepare", "choose_auto"]
+__all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick"]
 
 log = logging.getLogger("coralrt.session")
 
 COMPILED_ELSEWHERE = ("this model was compiled by edgetpu_compiler (it contains "
                       "edgetpu-custom-op) and only runs on an Edge TPU")
 
+#: What ``device=`` accepts: an open device, a path ("usb:0", a port path), or a list of those.
+DeviceSpec = Union[EdgeTpuDevice, str, Sequence[Union[EdgeTpuDevice, str]], None]
+
 
 @dataclass
 class Options:
-    backend: object           # a CpuBackend
-    host: object              # the PluginHost
+    backend: CpuBackend
+    host: PluginHost
     num_threads: int | None = None
     cpu_kernels: str = "optimized"
     partition_mode: str = "multi"
-    cache: object = None
-    device: object = None      # a device, a device path ("usb:0"), a list of those, or None
+    cache: CompileCache | None = None
+    device: DeviceSpec = None
     override_builtins: bool = False
     pipeline_depth: int = 2    # requests queued between pipeline stages (device lists)
 
@@ -37,27 +53,25 @@ class Options:
 @dataclass
 class Prepared:
     model: Model
-    program: object
-    device: object = None
+    program: Program
+    devices: list[EdgeTpuDevice]
     compile_info: dict | None = None
 
 
-def _program(model: Model, device, o: Options):
-    if isinstance(device, list):      # several sticks: pipeline the segments over them
-        from coralrt.runtime.pipeline import build_pipelined_program
-        return build_pipelined_program(model, devices=device, backend=o.backend,
+def _program(model: Model, devices: list[EdgeTpuDevice], o: Options,
+             pipelined: bool) -> Program:
+    if pipelined:      # several sticks (or a list of one): pipeline the segments over them
+        return build_pipelined_program(model, devices=devices, backend=o.backend,
                                        num_threads=o.num_threads, cpu_kernels=o.cpu_kernels,
                                        host=o.host, override_builtins=o.override_builtins,
                                        depth=o.pipeline_depth)
-    from coralrt.runtime.executor import build_program
-    return build_program(model, device=device, backend=o.backend, num_threads=o.num_threads,
-                         cpu_kernels=o.cpu_kernels, host=o.host,
+    return build_program(model, device=devices[0] if devices else None, backend=o.backend,
+                         num_threads=o.num_threads, cpu_kernels=o.cpu_kernels, host=o.host,
                          override_builtins=o.override_builtins)
 
 
-def prepare_cpu(source, o: Options) -> Prepared:
-    model = load_model(source)  # errors name the file when given a path
-    data = model.to_bytes() if isinstance(source, Model) else model.source
+def prepare_cpu(source, o: Options, parsed: Model | None = None) -> Prepared:
+    model = parsed or load_model(source)  # errors name the file when given a path
     if model.is_edgetpu_compiled:
         raise ModelError(COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
                          "target='cpu'")
@@ -65,35 +79,48 @@ def prepare_cpu(source, o: Options) -> Prepared:
     if o.host.wraps_steps or any(op.name in kernels and (op.opcode.is_custom
                                                          or o.override_builtins)
                                  for op in model.main.operators):
-        return Prepared(model, _program(model, None, o))
-    return Prepared(model, o.backend.load(data, num_threads=o.num_threads,
-                                          kernels=o.cpu_kernels))
+        return Prepared(model, _program(model, [], o, False), [])
+    # A Model given by the caller may have been edited since it was read.
+    data = model.to_bytes() if isinstance(source, Model) else model.source
+    program = o.backend.load(data, num_threads=o.num_threads, kernels=o.cpu_kernels)
+    program.operators = len(model.main.operators)
+    return Prepared(model, program, [])
 
 
-def _jit(source, o: Options, compiler):
-    from coralrt.compile.jit import jit_compile
+def _jit(source, o: Options, compiler, parsed: Model | None = None) -> JitResult:
     host = o.host
     return jit_compile(source, mode=o.partition_mode, cache=o.cache, compiler=compiler,
                        rules=host.ops.rules(), rules_fingerprint=host.ops.fingerprint(),
-                       events=host.compile_event)
+                       events=host.compile_event, parsed=parsed)
 
 
-def prepare_sim(source, o: Options) -> Prepared:
-    jit = _jit(source, o, o.host.compilers.for_device("sim"))
-    device = o.device
-    if isinstance(device, (list, tuple)):
-        device = open_stick(device)
-    elif device is None:
+def _devices(o: Options, default) -> tuple[list[EdgeTpuDevice], bool]:
+    """The open sticks for ``o.device`` (``default()`` when None), and whether
+    the user gave a list (which pipelines the segments)."""
+    if o.device is None:
+        return [default()], False
+    if isinstance(o.device, (list, tuple)):
+        return open_stick(o.device), True
+    return [open_stick(o.device)], False
+
+
+def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
+    jit = _jit(source, o, o.host.compilers.for_device("sim"), parsed)
+
+    def fresh_stick() -> EdgeTpuDevice:
         device = o.host.devices.create("sim", kernels=o.host.ops.sim_kernels())
         device.open()
-    return Prepared(jit.model, _program(jit.model, device, o), device, jit.compile_info)
+        return device
+
+    devices, pipelined = _devices(o, fresh_stick)
+    return Prepared(jit.model, _program(jit.model, devices, o, pipelined), devices,
+                    jit.compile_info)
 
 
 def open_stick(device):
     """``device`` as an open stick: an opened device object as is, a path opened;
     a list or tuple of those as a list of open sticks (closing the ones it
     opened if a later one fails)."""
-    from coralrt.usb import open_device
     if isinstance(device, (list, tuple)):
         if not device:
             raise ConfigError("device=[] names no stick; give one or more, e.g. "
@@ -115,46 +142,46 @@ def open_stick(device):
     return device
 
 
-def prepare_coral(source, o: Options) -> Prepared:
-    model = load_model(source)
+def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
+    model = parsed or load_model(source)
     compile_info = None
     if not model.is_edgetpu_compiled:
         compiler = o.host.compilers.for_device("usb")
         if compiler is None:
-            raise _compiler_unavailable()
-        jit = _jit(source if not isinstance(source, Model) else model, o, compiler)
+            raise CompilerUnavailableError()
+        jit = _jit(source, o, compiler, model)
         model, compile_info = jit.model, jit.compile_info
-    device = open_stick(o.device)
-    return Prepared(model, _program(model, device, o), device, compile_info)
+    devices, pipelined = _devices(o, lambda: open_stick(None))
+    return Prepared(model, _program(model, devices, o, pipelined), devices, compile_info)
 
 
-def _compiler_unavailable():
-    from coralrt.errors import CompilerUnavailableError
-    return CompilerUnavailableError()
-
-
-def choose_auto(source, o: Options) -> str:
-    """``coral`` when a stick is present and the model can run on it, else ``cpu``."""
-    from coralrt.usb import list_devices
+def choose_auto(source, o: Options) -> tuple[str, Model | None]:
+    """``("coral", model)`` when a stick is present and the model can run on it,
+    else ``("cpu", model or None)``; the model is returned when it had to be
+    parsed to decide, so that the session does not parse it again."""
     if o.device is not None:
         log.info("target 'auto': running on the Coral USB Accelerator given as device=")
-        return "coral"
+        return "coral", None
     try:
         sticks = list_devices()
     except Exception as e:  # no libusb, no permission to enumerate: not a reason to fail
         log.info("target 'auto': running on the CPU (cannot list USB devices: %s)", e)
-        return "cpu"
+        return "cpu", None
     if not sticks:
         log.info("target 'auto': running on the CPU (no Coral USB Accelerator found)")
-        return "cpu"
+        return "cpu", None
     model = load_model(source)
     if not model.is_edgetpu_compiled and o.host.compilers.for_device("usb") is None:
         log.info("target 'auto': running on the CPU (a stick is present but the model is not "
                  "compiled for the Edge TPU and edgetpu_compiler is not available)")
-        return "cpu"
+        return "cpu", model
     log.info("target 'auto': running on the Coral USB Accelerator %s", sticks[0].path)
-    return "coral"
+    return "coral", model
 
 
-def prepare(target: str, source, o: Options) -> Prepared:
-    return {"cpu": prepare_cpu, "sim": prepare_sim, "coral": prepare_coral}[target](source, o)
+_PREPARE = {"cpu": prepare_cpu, "sim": prepare_sim, "coral": prepare_coral}
+
+
+def prepare(target: str, source, o: Options, parsed: Model | None = None) -> Prepared:
+    """Everything a session on ``target`` needs (``parsed``: ``source`` already parsed)."""
+    return _PREPARE[target](source, o, parsed)

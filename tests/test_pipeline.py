@@ -17,7 +17,7 @@ from coralrt import InferenceSession
 from coralrt.backends import get_backend
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.runtime.executor import Program, Step, build_program
+from coralrt.runtime.executor import ExecutorProgram, Step, build_program
 from coralrt.runtime.pipeline import PipelinedProgram, build_pipelined_program, stages_of
 from coralrt.errors import ConfigError, DeviceError, InferenceError, InputError
 from coralrt.model.builder import ModelBuilder
@@ -220,11 +220,11 @@ def test_a_stick_fault_reaches_the_caller_and_the_pipeline_recovers(sticks, cpu,
             assert same(program.run(x, timeout=TIMEOUT), w)
 
 
-def fake_program(*runs, outputs=(1,)) -> Program:
+def fake_program(*runs, outputs=(1,)) -> ExecutorProgram:
     """A program of CPU-like steps; step k maps tensor k to tensor k + 1."""
     steps = [Step("tpu" if k else "cpu", f"fake {k}", [k], [k], [k + 1], fn)
              for k, fn in enumerate(runs)]
-    return Program(steps, [0], list(outputs))
+    return ExecutorProgram(steps, [0], list(outputs))
 
 
 def test_a_non_coralrt_exception_is_wrapped_and_later_requests_run():

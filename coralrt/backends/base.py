@@ -9,10 +9,11 @@ moves tensors and invokes.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
+
+from coralrt.runtime.program import Program
 
 __all__ = ["CpuBackend", "CpuProgram", "KERNEL_SETS"]
 
@@ -23,8 +24,9 @@ __all__ = ["CpuBackend", "CpuProgram", "KERNEL_SETS"]
 KERNEL_SETS = ("optimized", "reference")
 
 
-class CpuProgram:
-    """A model loaded into a CPU backend, ready to run.
+class CpuProgram(Program):
+    """A model loaded into a CPU backend, ready to run: a
+    :class:`~coralrt.runtime.program.Program` of one step.
 
     ``input_details`` and ``output_details`` are the interpreter's own detail
     dicts (``name``, ``index``, ``shape``, ``shape_signature``, ``dtype``,
@@ -33,15 +35,26 @@ class CpuProgram:
     ``lock`` serializes every call into the interpreter, which is not
     thread-safe. It is re-entrant so that a caller can hold it around
     :meth:`resize_inputs` followed by :meth:`run` to make the pair atomic.
+
+    ``label`` names the step in :meth:`profile`; ``operators`` is the model's
+    operator count when whoever loaded it knows it (None otherwise);
+    ``last_seconds`` is the host time of the last :meth:`run`.
     """
 
     input_details: list[dict[str, Any]]
     output_details: list[dict[str, Any]]
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, label: str = "cpu: whole model") -> None:
+        super().__init__()
         self.input_details = []
         self.output_details = []
+        self.label = label
+        self.operators: int | None = None
+        self.last_seconds = 0.0
+
+    def profile(self) -> list[dict]:
+        return [{"step": 0, "kind": "cpu", "label": self.label, "operators": self.operators,
+                 "host_seconds": self.last_seconds, "device_seconds": None}]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run once.

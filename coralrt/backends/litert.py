@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import logging
 import re
+from time import perf_counter as _clock
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,8 @@ def _translate(exc: BaseException, stage: str) -> CoralRTError:
 class LiteRTProgram(CpuProgram):
     """A model loaded into one interpreter instance."""
 
-    def __init__(self, interpreter: Any) -> None:
-        super().__init__()
+    def __init__(self, interpreter: Any, label: str = "cpu: whole model") -> None:
+        super().__init__(label)
         self._interp = interpreter
         # Bound methods fetched once: run() is the hot path.
         self._set_tensor = interpreter.set_tensor
@@ -105,6 +106,7 @@ class LiteRTProgram(CpuProgram):
                 f"the model has {self._n_in} input(s), got {len(inputs)} array(s)"
             )
         set_tensor, get_tensor = self._set_tensor, self._get_tensor
+        start = _clock()
         with self.lock:
             try:
                 for index, value in zip(self._in_idx, inputs):
@@ -116,7 +118,9 @@ class LiteRTProgram(CpuProgram):
             except (ValueError, RuntimeError) as e:
                 raise _translate(e, "invoke") from e
             # get_tensor copies, so the caller owns what it gets.
-            return [get_tensor(index) for index in self._out_idx]
+            outputs = [get_tensor(index) for index in self._out_idx]
+            self.last_seconds = _clock() - start
+            return outputs
 
     def resize_inputs(self, shapes: list[tuple[int, ...]]) -> None:
         shapes = [tuple(int(d) for d in s) for s in shapes]
@@ -223,7 +227,7 @@ class _InterpreterBackend(CpuBackend):
             interp.allocate_tensors()
         except (ValueError, RuntimeError) as e:
             raise _translate(e, "allocate") from e
-        program = LiteRTProgram(interp)
+        program = LiteRTProgram(interp, f"cpu: whole model ({self.name})")
         log.debug(
             "%s %s loaded %d-byte model: kernels=%s num_threads=%s, %d inputs, %d outputs",
             self.name, self.version, len(model_bytes), kernels, num_threads,

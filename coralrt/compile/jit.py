@@ -34,11 +34,14 @@ class JitResult:
 
 def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None = None,
                 cache: CompileCache | None = None, rules=None, rules_fingerprint=None,
-                events=None) -> JitResult:
+                events=None, parsed: Model | None = None) -> JitResult:
     """The compiled form of ``source`` (a path, the model's bytes, or a Model).
 
     On a cache hit the source model is neither parsed nor validated again:
-    its compiled form was made from these exact bytes after validation.
+    its compiled form was made from these exact bytes after validation.  On
+    a miss it is parsed once, unless the caller already did so and passes
+    the result as ``parsed`` (``source`` still keys the cache), and the
+    compiled model built here is used as it is, not read back from its bytes.
     ``rules`` (a RuleRegistry with plugin operators) and its
     ``rules_fingerprint`` come from the plugin host; ``events(**event)``
     receives cache hits and misses and compiled segments.
@@ -48,9 +51,9 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     start = time.perf_counter()
     compiler = compiler or NativeCompiler()
     cache = cache if cache is not None else CompileCache()
-    model = source if isinstance(source, Model) else None
-    if model is not None:
-        digest, data = model_digest(model.to_bytes(), None)
+    model = source if isinstance(source, Model) else parsed
+    if isinstance(source, Model):
+        digest, data = model_digest(source.to_bytes(), None)
     else:
         digest, data = model_digest(source, cache.path / "sources" if cache.enabled else None)
     options = {"mode": mode, "rules": RULES_VERSION}
@@ -59,6 +62,8 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     emit = events or (lambda **event: None)
     key = make_key(model_sha256=digest, options=options, compiler_id=compiler.id,
                    compiler_version=compiler.version)
+
+    built: list[Model] = []     # the compiled model, when this call builds it
 
     def build() -> tuple[bytes, dict]:
         nonlocal model
@@ -72,6 +77,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
                                                      segment=i, operators=n, bytes=size,
                                                      seconds=secs))
         out = result.to_bytes()
+        built.append(result.model)
         log.info("compiled %d Edge TPU segment(s) (%d of %d operators) in %.0f ms",
                  len(result.plan.segments), result.plan.summary["tpu_ops"],
                  len(model.main.operators), 1e3 * (time.perf_counter() - t0))
@@ -82,7 +88,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
 
     entry, hit = cache.get_or_build(key, build)
     try:
-        compiled = load_model(entry.data)
+        compiled = built[-1] if built else load_model(entry.data)
     except ModelError as e:
         # A verified entry that does not load was written by a broken build:
         # treat it as a miss and replace it.

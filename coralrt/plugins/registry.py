@@ -7,22 +7,9 @@ from dataclasses import dataclass, field
 
 from coralrt.compile.rules import OpSupport, RuleRegistry, default_rules
 from coralrt.errors import ConfigError
-from coralrt.tensors import TensorInfo
+from coralrt.runtime.info import OpInfo
 
 __all__ = ["OpInfo", "CpuKernel", "OpRegistry", "CompilerRegistry", "DeviceRegistry"]
-
-
-@dataclass
-class OpInfo:
-    """What a plugin CPU kernel sees of its operator."""
-
-    name: str
-    options: dict
-    custom_options: bytes
-    flex_options: dict | None
-    inputs: list[TensorInfo | None]
-    outputs: list[TensorInfo]
-    index: int = -1
 
 
 CpuKernel = Callable[[list, OpInfo], list]

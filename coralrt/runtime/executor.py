@@ -4,27 +4,29 @@ A compiled model (from the just-in-time compiler) holds ``coralrt-segment``
 operators for the Edge TPU and ordinary operators for the CPU.  Each segment
 becomes a TPU step on a device; each maximal run of consecutive CPU operators
 is cut out as a standalone model and becomes a CPU step in the CPU backend.
-:class:`Program` has the interface of a CPU backend program (``lock``,
-``run``, ``input_details``), so a session drives either the same way.
+:class:`ExecutorProgram` implements the :class:`~coralrt.runtime.program.Program`
+protocol, so a session drives it as it drives a CPU backend program.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.backends.base import CpuBackend
 from coralrt.formats.opnames import DEVICE_OPS, EDGETPU_OP
 from coralrt.runtime.device import EdgeTpuDevice
-from coralrt.errors import ConfigError, InputError, PluginError
+from coralrt.errors import ConfigError, PluginError
+from coralrt.model.custom_options import decode_flexbuffer_map
 from coralrt.model.extract import extract
 from coralrt.model.types import Model
+from coralrt.runtime.info import OpInfo, StepInfo
+from coralrt.runtime.program import Program
+from coralrt.tensors import TensorInfo
 
-__all__ = ["Step", "Program", "build_program", "run_steps"]
+__all__ = ["Step", "StepInfo", "ExecutorProgram", "build_program", "run_steps"]
 
 
 
@@ -39,55 +41,67 @@ class Step:
     device: EdgeTpuDevice | None = None
     host_seconds: float = 0.0
     device_seconds: float = 0.0
-    computed: bool = True     # False: the device returned placeholder outputs
+    info: StepInfo | None = field(default=None, repr=False)  # set by build_program
+
+    def describe(self, index: int) -> StepInfo:
+        return StepInfo(index, self.kind, self.label, tuple(self.ops),
+                        self.device.path if self.device is not None else None, self.run)
 
 
 def run_steps(steps: list[Step], values: dict, hook: Callable | None = None) -> None:
     """Run ``steps`` in order on ``values`` (tensor index -> array), adding their
-    outputs and recording host and device time on each step."""
+    outputs and recording host and device time on each step.  ``hook(info,
+    inputs)``, when given, runs each step from its :class:`StepInfo`."""
     clock = time.perf_counter
     for step in steps:
         start = clock()
         args = [values[t] if t >= 0 else None for t in step.inputs]
-        results = step.run(args) if hook is None else hook(step, args)
+        results = step.run(args) if hook is None else hook(step.info, args)
         step.host_seconds = clock() - start
         if step.device is not None:
-            stats = step.device.last_stats
-            step.device_seconds = stats.device_seconds
-            step.computed = stats.computed
+            step.device_seconds = step.device.last_stats.device_seconds
         values.update(zip(step.outputs, results))
 
 
-@dataclass
-class Program:
-    steps: list[Step]
-    inputs: list[int]
-    outputs: list[int]
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    runner: Callable | None = None  # the plugin host's step hook, when plugins wrap steps
+def step_rows(steps: Sequence[Step]) -> list[dict]:
+    """The profile rows of ``steps`` (their last run), in order."""
+    return [{"step": i, "kind": s.kind, "label": s.label, "operators": len(s.ops),
+             "host_seconds": s.host_seconds,
+             "device_seconds": s.device_seconds if s.kind == "tpu" else None}
+            for i, s in enumerate(steps)]
+
+
+class ExecutorProgram(Program):
+    """The steps of a compiled model, run in order on the caller's thread.
+
+    ``runner`` is the plugin host's step hook when plugins wrap steps (None:
+    steps run directly, which saves the hook call on the per-inference path).
+    """
+
+    def __init__(self, steps: list[Step], inputs: list[int], outputs: list[int],
+                 runner: Callable | None = None):
+        super().__init__()
+        self.steps = steps
+        self.inputs = inputs
+        self.outputs = outputs
+        self.runner = runner
+        for i, step in enumerate(steps):
+            step.info = step.describe(i)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         values = dict(zip(self.inputs, inputs))
         run_steps(self.steps, values, self.runner)
         return [values[t] for t in self.outputs]
 
-    def resize_inputs(self, shapes) -> None:
-        raise InputError("Edge TPU programs have static input shapes; this model's inputs "
-                         "cannot be resized")
-
     def profile(self) -> list[dict]:
         """Per step of the last run: kind, label, host and estimated device seconds."""
-        return [{"step": i, "kind": s.kind, "label": s.label, "operators": len(s.ops),
-                 "host_seconds": s.host_seconds,
-                 "device_seconds": s.device_seconds if s.kind == "tpu" else None,
-                 "computed": s.computed}
-                for i, s in enumerate(self.steps)]
+        return step_rows(self.steps)
 
 
-def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: CpuBackend,
+def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
                   num_threads: int | None = None, cpu_kernels: str = "optimized",
                   host=None, override_builtins: bool = False,
-                  devices: Sequence[EdgeTpuDevice] | None = None) -> Program:
+                  devices: Sequence[EdgeTpuDevice] | None = None) -> ExecutorProgram:
     """Steps for ``compiled``: its ``coralrt-segment`` operators on ``device``,
     operators with a plugin kernel as plugin steps (builtins only with
     ``override_builtins``), everything else in the CPU backend.
@@ -145,17 +159,11 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend: Cpu
                           list(op.inputs), list(op.outputs),
                           _tpu_runner(device, handle, shapes), device))
     flush()
-    program = Program(steps, list(sg.inputs), list(sg.outputs))
-    if host is not None and host.wraps_steps:
-        program.runner = host.run_step
-    return program
+    runner = host.run_step if host is not None and host.wraps_steps else None
+    return ExecutorProgram(steps, list(sg.inputs), list(sg.outputs), runner)
 
 
 def _plugin_step(sg, i: int, kernel) -> Step:
-    from coralrt.plugins.registry import OpInfo
-    from coralrt.model.custom_options import decode_flexbuffer_map
-    from coralrt.tensors import TensorInfo
-
     op = sg.operators[i]
     custom = bytes(op.custom_options) if op.custom_options is not None else b""
     info = OpInfo(

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.runtime.executor import Program, Step, build_program, run_steps
+from coralrt.runtime.device import EdgeTpuDevice
+from coralrt.runtime.executor import ExecutorProgram, Step, build_program, run_steps, step_rows
+from coralrt.runtime.program import NoLock, Program
 from coralrt.errors import ConfigError, CoralRTError, InferenceError, InputError
 
 __all__ = ["PipelinedProgram", "Stage", "build_pipelined_program", "stages_of"]
@@ -53,13 +55,13 @@ _POLL = 0.1               # seconds between checks for a broken pipeline while b
 class Stage:
     index: int
     steps: list[Step]
-    device: object = None            # the stick of this stage's TPU step (None: CPU only)
+    device: EdgeTpuDevice | None = None  # the stick of this stage's TPU step (None: CPU only)
     requests: int = 0                # requests this stage completed
     busy_seconds: float = 0.0        # wall time spent running them
 
     @property
     def label(self) -> str:
-        return f"stage {self.index} on {getattr(self.device, 'path', None) or 'cpu'}"
+        return f"stage {self.index} on {self.device.path if self.device is not None else 'cpu'}"
 
 
 def stages_of(steps: Sequence[Step]) -> list[Stage]:
@@ -79,22 +81,6 @@ def stages_of(steps: Sequence[Step]) -> list[Stage]:
     if current:
         stages.append(Stage(len(stages), current, device))
     return stages
-
-
-class _NoLock:
-    """``with program.lock`` must not serialise a pipelined program's callers."""
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 @dataclass
@@ -120,23 +106,24 @@ class _State:
             self.completed += 1
 
 
-class PipelinedProgram:
+class PipelinedProgram(Program):
     """Stages of a program on worker threads with bounded queues between them.
 
-    Has the interface of :class:`~coralrt.runtime.executor.Program` (``lock``,
-    ``run``, ``resize_inputs``, ``profile``) plus :meth:`submit` and
-    :meth:`close`.  ``lock`` is a no-op: ``run`` is safe to call from several
+    A :class:`~coralrt.runtime.program.Program` whose :meth:`submit` overlaps
+    requests.  ``lock`` is a no-op: ``run`` is safe to call from several
     threads at once and must not be serialised by its callers.
     """
 
-    def __init__(self, program: Program, *, depth: int = 2, name: str = "coralrt-pipeline"):
+    def __init__(self, program: ExecutorProgram, *, depth: int = 2,
+                 name: str = "coralrt-pipeline"):
+        super().__init__()
         if depth < 1:
             raise ConfigError(f"pipeline depth must be >= 1, not {depth}")
         self.steps = program.steps
         self.inputs = list(program.inputs)
         self.outputs = list(program.outputs)
         self.depth = depth
-        self.lock = _NoLock()
+        self.lock = NoLock()
         self.stages = stages_of(program.steps)
         self._state = _State()
         self._queues = [queue.Queue(maxsize=depth) for _ in self.stages]
@@ -191,27 +178,21 @@ class PipelinedProgram:
         futures = [self.submit(x) for x in batches]
         return [f.result(timeout) for f in futures]
 
-    # -- the Program interface ----------------------------------------------------------
-    def resize_inputs(self, shapes) -> None:
-        raise InputError("Edge TPU programs have static input shapes; this model's inputs "
-                         "cannot be resized")
-
+    # -- the Program protocol -----------------------------------------------------------
     def profile(self) -> list[dict]:
         """Per step of the last request each stage ran, with its stage and device."""
-        rows = []
-        for stage in self.stages:
-            for s in stage.steps:
-                rows.append({"step": len(rows), "kind": s.kind, "label": s.label,
-                             "operators": len(s.ops), "host_seconds": s.host_seconds,
-                             "device_seconds": s.device_seconds if s.kind == "tpu" else None,
-                             "computed": s.computed, "stage": stage.index,
-                             "device": getattr(stage.device, "path", None)})
+        rows = step_rows([s for stage in self.stages for s in stage.steps])
+        where = [(stage.index, stage.device) for stage in self.stages for _ in stage.steps]
+        for row, (index, device) in zip(rows, where):
+            row["stage"] = index
+            row["device"] = device.path if device is not None else None
         return rows
 
     def stats(self) -> dict:
         """Requests completed, and per stage its requests and busy seconds."""
         return {"completed": self._state.completed, "depth": self.depth,
-                "stages": [{"stage": s.index, "device": getattr(s.device, "path", None),
+                "stages": [{"stage": s.index,
+                            "device": s.device.path if s.device is not None else None,
                             "steps": len(s.steps), "requests": s.requests,
                             "busy_seconds": s.busy_seconds} for s in self.stages]}
 
@@ -360,7 +341,7 @@ def build_pipelined_program(compiled, *, devices: Sequence, backend, num_threads
     devices = list(devices)
     if not devices:
         raise ConfigError("a pipelined program needs at least one Edge TPU device")
-    paths = [getattr(d, "path", None) for d in devices]
+    paths = [d.path for d in devices]
     if len(set(map(id, devices))) != len(devices):
         raise ConfigError(f"the same device appears twice in {paths}")
     program = build_program(compiled, device=None, devices=devices, backend=backend,
