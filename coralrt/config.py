@@ -1,4 +1,4 @@
-"""Every environment variable coralrt reads, in one place.
+"""Every environment variable and platform directory coralrt reads, in one place.
 
 Each variable is read when the function that needs it is called, not at
 import time, so a process (or a test) can change it at any moment and the
@@ -28,13 +28,40 @@ variable                                meaning
                                         looked up on ``PATH``
 ``CORALRT_EDGETPU_COMPILER_TIMEOUT``    seconds one edgetpu_compiler run may take before
                                         it is stopped (default 180, its own default)
+``CORALRT_RUNTIME_DIR``                 folder of the per-stick lock files (and the pid
+                                        of each lock's holder); default: the platform's
+                                        user runtime folder for ``coralrt`` (from
+                                        platformdirs, ``$XDG_RUNTIME_DIR/coralrt`` on
+                                        Linux), else ``<temp dir>/coralrt-<uid>``
 ======================================  ==================================================
+
+An empty value (``CORALRT_CACHE_DIR= coralrt ...``) counts as unset.
+
+The platform directories, also looked up only here, each when its function is
+called (so a changed ``XDG_*`` variable applies at the next call):
+
+=========================  =======================================================
+function                   folder
+=========================  =======================================================
+:func:`cache_dir`          ``platformdirs.user_cache_dir("coralrt")`` unless
+                           ``CORALRT_CACHE_DIR`` is set
+:func:`runtime_dir`        ``platformdirs.user_runtime_dir("coralrt")`` unless
+                           ``CORALRT_RUNTIME_DIR`` is set (its warning when
+                           ``XDG_RUNTIME_DIR`` is unset is silenced); if
+                           platformdirs fails, :func:`temp_runtime_dir`
+:func:`temp_runtime_dir`   ``tempfile.gettempdir()/coralrt-<uid>``: the last
+                           resort for the lock files
+:func:`firmware_dir`       ``platformdirs.user_data_dir("coralrt")/firmware``
+                           (``~/.local/share/coralrt/firmware`` on Linux)
+=========================  =======================================================
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
+import warnings
 from pathlib import Path
 
 from coralrt.errors import ConfigError
@@ -44,6 +71,7 @@ __all__ = [
     "cache_dir", "cache_enabled", "cache_max_bytes", "DISABLE_PLUGIN_AUTOLOAD",
     "plugin_autoload", "EDGETPU_COMPILER", "EDGETPU_COMPILER_TIMEOUT",
     "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler", "edgetpu_compiler_timeout",
+    "RUNTIME_DIR", "runtime_dir", "temp_runtime_dir", "firmware_dir",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
@@ -52,6 +80,7 @@ CACHE_MAX_BYTES = "CORALRT_CACHE_MAX_BYTES"
 DISABLE_PLUGIN_AUTOLOAD = "CORALRT_DISABLE_PLUGIN_AUTOLOAD"
 EDGETPU_COMPILER = "CORALRT_EDGETPU_COMPILER"
 EDGETPU_COMPILER_TIMEOUT = "CORALRT_EDGETPU_COMPILER_TIMEOUT"
+RUNTIME_DIR = "CORALRT_RUNTIME_DIR"
 
 DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
 
@@ -150,3 +179,35 @@ def edgetpu_compiler_timeout() -> float:
         raise ConfigError(f"{EDGETPU_COMPILER_TIMEOUT}={value!r} is not a positive number of "
                           f"seconds (for example 180)")
     return seconds
+
+
+def runtime_dir() -> Path:
+    """Folder of the per-stick lock files (not created here).
+
+    ``CORALRT_RUNTIME_DIR`` if set, else ``platformdirs.user_runtime_dir("coralrt")``
+    (without its warning when there is no ``XDG_RUNTIME_DIR``), else, when
+    platformdirs fails, :func:`temp_runtime_dir`.
+    """
+    value = _get(RUNTIME_DIR)
+    if value is not None:
+        return Path(value)
+    try:
+        import platformdirs
+        with warnings.catch_warnings():   # no XDG_RUNTIME_DIR: it warns and falls back
+            warnings.simplefilter("ignore")
+            return Path(platformdirs.user_runtime_dir("coralrt"))
+    except Exception:  # noqa: BLE001 - no runtime dir on this platform
+        return temp_runtime_dir()
+
+
+def temp_runtime_dir() -> Path:
+    """``<temp dir>/coralrt-<uid>``: where lock files go when the runtime folder cannot be used."""
+    return Path(tempfile.gettempdir()) / f"coralrt-{os.getuid()}"
+
+
+def firmware_dir() -> Path:
+    """Where ``coralrt firmware install`` stores the stick's firmware:
+    ``platformdirs.user_data_dir("coralrt")/firmware``."""
+    import platformdirs  # only needed when asked
+
+    return Path(platformdirs.user_data_dir("coralrt")) / "firmware"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from coralrt.compile.native import compile_log, compile_model
 from coralrt.compile.partition import MODES
+from coralrt.fileio import atomic_write
 from coralrt.model import load_model
 
 __all__ = ["add_parser", "command"]
@@ -53,13 +54,11 @@ def command(args) -> int:
     result = compile_model(model, mode=args.mode, compiler=compiler)
     data = result.to_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
+    atomic_write(out, data)
     text = compile_log(result, input_name=str(src), input_size=len(model.source or b""),
                        output_name=str(out), output_size=len(data))
     log_path = out.with_suffix(".log")
-    log_path.write_text(text)
+    atomic_write(log_path, text)
     summary, _, _ = text.partition("\nOperator ")
     print(summary.rstrip())
     print(f"Operation log: {log_path}")

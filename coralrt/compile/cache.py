@@ -5,10 +5,11 @@ bytes) and ``<key>.json`` (the caller's metadata plus ``size``, ``crc32``,
 ``created`` and ``format``).  Nothing is pickled: loading a cache entry never
 runs code.
 
-Writers put each file in place with temp file + fsync + rename, data first,
-JSON last, so the JSON is the commit record: a reader that finds it finds the
-whole data next to it.  An entry that fails verification (unparsable JSON,
-wrong size, wrong checksum) is logged as corrupt, deleted and rebuilt.
+Writers put each file in place with temp file + fsync + rename
+(:func:`coralrt.fileio.atomic_write`), data first, JSON last, so the JSON is
+the commit record: a reader that finds it finds the whole data next to it.
+An entry that fails verification (unparsable JSON, wrong size, wrong
+checksum) is logged as corrupt, deleted and rebuilt.
 Concurrent compiles of one key are serialised by a lock file next to the
 entry, so N processes asking for the same model compile it once.  Errors
 while writing (read-only folder, full disk) cost the cache, never the compile.
@@ -21,7 +22,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from filelock import FileLock, Timeout
 
 from coralrt import config
 from coralrt.errors import CacheLockTimeoutError
+from coralrt.fileio import atomic_write, is_temporary
 
 __all__ = ["CACHE_FORMAT_VERSION", "Entry", "CompileCache", "make_key"]
 
@@ -87,31 +88,6 @@ class Entry:
 
 class _Changed(Exception):
     """The entry was replaced or removed while it was being read."""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(Path(tmp))
-        raise
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the renames durable; not every platform can open or fsync a folder.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _unlink(path: Path) -> bool:
@@ -240,9 +216,10 @@ class CompileCache:
         d.mkdir(parents=True, exist_ok=True)
         # Retire an old record first, so that no reader pairs it with the new data.
         _unlink(json_path)
-        _write_atomic(bin_path, data)
-        _write_atomic(json_path, text)
-        _fsync_dir(d)
+        # Temp file + fsync + rename + folder fsync each (coralrt.fileio); owner-only
+        # files, as tempfile.mkstemp made them before.
+        atomic_write(bin_path, data, mode=0o600)
+        atomic_write(json_path, text, mode=0o600)
         return Entry(data, record)
 
     def get_or_build(self, key: str,
@@ -356,7 +333,7 @@ class CompileCache:
                 if keyed and f.suffix in (".bin", ".json"):
                     if _unlink(f):
                         removed.add(f.with_suffix(""))
-                elif f.name.startswith(".") and f.name.endswith(".tmp"):
+                elif is_temporary(f.name):
                     _unlink(f)
                 elif keyed and f.suffix == ".lock":
                     self._remove_idle_lock(f)

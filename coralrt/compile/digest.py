@@ -14,8 +14,9 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
+
+from coralrt.fileio import atomic_write
 
 __all__ = ["model_digest"]
 
@@ -62,9 +63,6 @@ def _hash_file(path: Path) -> tuple[str, bytes]:
 def _write(record: Path, content: dict) -> None:
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".digest-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(content, f)
-        os.replace(tmp, record)
+        atomic_write(record, json.dumps(content), mode=0o600)
     except OSError as e:  # a read-only cache only costs the shortcut
         log.debug("cannot record the digest of %s: %s", content["path"], e)

@@ -17,7 +17,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from coralrt import config
 from coralrt.errors import FirmwareError
+from coralrt.fileio import atomic_write
 
 __all__ = ["FIRMWARE_NAME", "FIRMWARE_SHA256", "FIRMWARE_SIZE", "FIRMWARE_URL", "SOURCE_TEXT",
            "firmware_dir", "installed_path", "install", "load_installed", "load_image",
@@ -41,9 +43,8 @@ def sha256(data) -> str:
 
 
 def firmware_dir() -> Path:
-    """``platformdirs.user_data_dir("coralrt")/firmware``."""
-    import platformdirs
-    return Path(platformdirs.user_data_dir("coralrt")) / "firmware"
+    """``platformdirs.user_data_dir("coralrt")/firmware`` (:func:`coralrt.config.firmware_dir`)."""
+    return config.firmware_dir()
 
 
 def installed_path() -> Path:
@@ -92,9 +93,7 @@ def install(source: str | os.PathLike) -> Path:
     verify(data, what=os.fspath(source))
     target = installed_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+    atomic_write(target, data)
     log.info("firmware %s installed in %s", FIRMWARE_NAME, target)
     return target
 

@@ -1,8 +1,9 @@
 """An exclusive lock per stick, shared by every process of the user.
 
 The lock is a :class:`filelock.FileLock` on a file named after the stick's
-port path in the user's runtime directory (``platformdirs.user_runtime_dir``,
-else the temporary directory).  It is taken without waiting: a second
+port path in the user's runtime directory (:func:`coralrt.config.runtime_dir`:
+``CORALRT_RUNTIME_DIR``, else ``platformdirs.user_runtime_dir``, else the
+temporary directory).  It is taken without waiting: a second
 process that opens the same stick gets :class:`~coralrt.errors.DeviceBusyError`
 naming the process that holds it (its pid is written next to the lock), and
 the holder keeps working undisturbed.  The operating system drops the lock
@@ -14,13 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
-import warnings
 from pathlib import Path
 
 import filelock
 
+from coralrt import config
 from coralrt.errors import DeviceBusyError
+from coralrt.fileio import atomic_write
 
 __all__ = ["DeviceLock", "lock_dir"]
 
@@ -28,22 +29,14 @@ log = logging.getLogger("coralrt.usb")
 
 
 def lock_dir() -> Path:
-    """Where the lock files live (``CORALRT_RUNTIME_DIR`` overrides it)."""
-    override = os.environ.get("CORALRT_RUNTIME_DIR")
-    if override:
-        path = Path(override)
-    else:
-        try:
-            import platformdirs
-            with warnings.catch_warnings():   # no XDG_RUNTIME_DIR: it warns and falls back
-                warnings.simplefilter("ignore")
-                path = Path(platformdirs.user_runtime_dir("coralrt"))
-        except Exception:  # noqa: BLE001 - no runtime dir on this platform
-            path = Path(tempfile.gettempdir()) / f"coralrt-{os.getuid()}"
+    """Where the lock files live, created: :func:`coralrt.config.runtime_dir`
+    (``CORALRT_RUNTIME_DIR`` overrides it), else :func:`coralrt.config.temp_runtime_dir`
+    when that cannot be created."""
+    path = config.runtime_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
-        path = Path(tempfile.gettempdir()) / f"coralrt-{os.getuid()}"
+        path = config.temp_runtime_dir()
         path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -83,9 +76,7 @@ class DeviceLock:
                 f"{self.device}: the stick is in use by {who} (lock {self.lock_path}); "
                 f"close it there first, or use another stick", path=self.device,
                 holder_pid=pid) from None
-        tmp = self.pid_path.parent / f"{self.pid_path.name}.{os.getpid()}.tmp"
-        tmp.write_text(f"{os.getpid()}\n")
-        os.replace(tmp, self.pid_path)
+        atomic_write(self.pid_path, f"{os.getpid()}\n")
         log.debug("%s: lock %s taken by pid %d", self.device, self.lock_path, os.getpid())
 
     def release(self) -> None:
