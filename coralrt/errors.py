@@ -150,7 +150,7 @@ class PluginError(CoralRTError, RuntimeError):
 
 __all__ += [
     "DeviceError", "DeviceNotFoundError", "DevicePermissionError", "DeviceBusyError",
-    "DeviceTimeoutError", "DeviceLostError", "FirmwareError",
+    "DeviceTimeoutError", "DeviceLostError", "FirmwareError", "ProgramRefusedError",
 ]
 
 
@@ -220,6 +220,22 @@ class DeviceLostError(DeviceError):
 
 class FirmwareError(DeviceError):
     """The stick's firmware is missing, does not match the pinned checksum, or failed to load."""
+
+
+class ProgramRefusedError(DeviceError):
+    """The device cannot execute this kind of program; raised when the program is loaded.
+
+    ``kind`` is the program kind (``"segment"``: a coralrt native segment,
+    ``"dwn1"``: an edgetpu_compiler executable) and ``reason`` why the device
+    refuses it and what to do instead.  A real Edge TPU refuses coralrt's
+    native segments; the simulated Edge TPU refuses edgetpu_compiler programs.
+    """
+
+    def __init__(self, message: str, *, kind: str | None = None, reason: str | None = None,
+                 errno: int | None = None, path: str | None = None):
+        self.kind = kind
+        self.reason = reason
+        super().__init__(message, errno=errno, path=path)
 
 
 # -- Edge TPU executables ---------------------------------------------------------------

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
+from typing import TYPE_CHECKING
+
 from coralrt.backends.base import CpuBackend
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.jit import JitResult, jit_compile
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt.model import Model, load_model
 from coralrt.plugins.host import PluginHost
@@ -24,7 +24,14 @@ from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.runtime.executor import build_program
 from coralrt.runtime.pipeline import build_pipelined_program
 from coralrt.runtime.program import Program
-from coralrt.usb import list_devices, open_device
+
+if TYPE_CHECKING:
+    from coralrt.compile.cache import CompileCache
+    from coralrt.compile.jit import JitResult
+
+# The compiler (jit) and the USB driver (pyusb) are imported when a target
+# needs them: the cpu target never does, and they add about 100 ms to
+# `import coralrt`.
 
 __all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick"]
 
@@ -88,6 +95,7 @@ def prepare_cpu(source, o: Options, parsed: Model | None = None) -> Prepared:
 
 
 def _jit(source, o: Options, compiler, parsed: Model | None = None) -> JitResult:
+    from coralrt.compile.jit import jit_compile
     host = o.host
     return jit_compile(source, mode=o.partition_mode, cache=o.cache, compiler=compiler,
                        rules=host.ops.rules(), rules_fingerprint=host.ops.fingerprint(),
@@ -104,6 +112,21 @@ def _devices(o: Options, default) -> tuple[list[EdgeTpuDevice], bool]:
     return [open_stick(o.device)], False
 
 
+def _on_devices(model: Model, o: Options, default, compile_info) -> Prepared:
+    """The program of ``model`` on its sticks; the sticks opened here are closed
+    again if the program cannot be built (a device refusing the program)."""
+    devices, pipelined = _devices(o, default)
+    given = o.device if isinstance(o.device, (list, tuple)) else [o.device]
+    try:
+        program = _program(model, devices, o, pipelined)
+    except BaseException:
+        for device in devices:
+            if not any(device is g for g in given):
+                device.close()
+        raise
+    return Prepared(model, program, devices, compile_info)
+
+
 def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
     jit = _jit(source, o, o.host.compilers.for_device("sim"), parsed)
 
@@ -112,9 +135,7 @@ def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
         device.open()
         return device
 
-    devices, pipelined = _devices(o, fresh_stick)
-    return Prepared(jit.model, _program(jit.model, devices, o, pipelined), devices,
-                    jit.compile_info)
+    return _on_devices(jit.model, o, fresh_stick, jit.compile_info)
 
 
 def open_stick(device):
@@ -138,6 +159,7 @@ def open_stick(device):
             raise
         return sticks
     if device is None or isinstance(device, str):
+        from coralrt.usb import open_device
         return open_device(device)  # DeviceNotFoundError when no stick is attached
     return device
 
@@ -151,8 +173,7 @@ def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
             raise CompilerUnavailableError()
         jit = _jit(source, o, compiler, model)
         model, compile_info = jit.model, jit.compile_info
-    devices, pipelined = _devices(o, lambda: open_stick(None))
-    return Prepared(model, _program(model, devices, o, pipelined), devices, compile_info)
+    return _on_devices(model, o, lambda: open_stick(None), compile_info)
 
 
 def choose_auto(source, o: Options) -> tuple[str, Model | None]:
@@ -162,6 +183,7 @@ def choose_auto(source, o: Options) -> tuple[str, Model | None]:
     if o.device is not None:
         log.info("target 'auto': running on the Coral USB Accelerator given as device=")
         return "coral", None
+    from coralrt.usb import list_devices
     try:
         sticks = list_devices()
     except Exception as e:  # no libusb, no permission to enumerate: not a reason to fail

@@ -479,17 +479,31 @@ def fresh_plugins():
 
 def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
     # The whole path on the simulated stick: the plain model is compiled by the
-    # stand-in through the registered plugin and the custom op runs on the stick.
+    # stand-in through the registered plugin and the custom op goes to the stick.
+    # The simulated Edge TPU cannot execute edgetpu_compiler programs and says so
+    # when the session is created; with the test-only switch of tests/support/sim.py
+    # the driver's DWN1 path runs (framing, hints; the stick answers zeros).
     import numpy as np
+    from support.sim import accept_dwn1
 
     from coralrt import InferenceSession
-    from coralrt.usb import open_device
+    from coralrt.errors import ProgramRefusedError
     from coralrt.sim.stick import SimulatedBackend
+    from coralrt.usb import open_device
 
     env.setenv("PATH", str(fake.parent))
-    stick = open_device(None, SimulatedBackend(firmware_loaded=True, time_scale=0.0,
-                                               lock_scope="process"))
+    backend = SimulatedBackend(firmware_loaded=True, time_scale=0.0, lock_scope="process")
+    stick = open_device(None, backend)
     try:
+        with pytest.raises(ProgramRefusedError) as info:
+            InferenceSession(shared_model(f"{DEEPLAB}.tflite"), target="coral", device=stick)
+        text = str(info.value)
+        assert "cannot load an edgetpu_compiler program" in text
+        assert "cannot execute edgetpu_compiler programs" in text
+        assert "Google's closed Edge TPU instruction set" in text
+        assert "target='sim'" in text and "Coral USB Accelerator attached" in text
+
+        accept_dwn1(backend)
         session = InferenceSession(shared_model(f"{DEEPLAB}.tflite"), target="coral",
                                    device=stick)
         assert session.compile_info["compiler"] == f"edgetpu_compiler {VERSION}"

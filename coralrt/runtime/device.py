@@ -24,12 +24,16 @@ __all__ = ["EdgeTpuDevice", "RunStats"]
 
 @dataclass
 class RunStats:
-    """What the last ``run`` of a device cost."""
+    """What the last ``run`` of a device cost.
+
+    ``device_seconds`` is the device's own time as it reports it (the
+    simulated stick's latency estimate), 0.0 when not known (a real stick's
+    time is not measured).
+    """
 
     host_seconds: float = 0.0
-    device_seconds: float = 0.0      # estimated (simulated) or measured (real stick)
+    device_seconds: float = 0.0
     parameter_upload_seconds: float = 0.0  # nonzero on the first run after a load
-    computed: bool = True            # False when outputs are placeholders
 
 
 class EdgeTpuDevice:

@@ -33,6 +33,9 @@ TAG_NAMES = {0: "instructions", 1: "input", 2: "parameters", 3: "output", 4: "in
 
 HEADER = struct.Struct("<II")          # payload length, tag & 0xF (bytes 5..7 zero)
 EVENT = struct.Struct("<QIB3x")        # address, length, tag & 0xF
+# coralrt wire protocol (docs/usb.md): the tag 0 record that runs a loaded segment
+RUN_MAGIC = b"CRTSRUN\0"
+RUN_RECORD = struct.Struct("<8sII")    # magic, CRC-32 of the segment header, input count
 EVENT_SIZE = 16
 INTERRUPT_SIZE = 4
 FATAL_INTERRUPT_BIT = 0x1
@@ -69,10 +72,16 @@ DFU_STATE_DNBUSY = 4
 DFU_STATE_DNLOAD_IDLE = 5
 DFU_STATE_MANIFEST_SYNC = 6
 DFU_STATE_MANIFEST = 7
+DFU_STATE_MANIFEST_WAIT_RESET = 8
+DFU_STATE_UPLOAD_IDLE = 9
 DFU_STATE_ERROR = 10
 DFU_STATUS_NAMES = ("OK", "errTARGET", "errFILE", "errWRITE", "errERASE", "errCHECK_ERASED",
                     "errPROG", "errVERIFY", "errADDRESS", "errNOTDONE", "errFIRMWARE",
                     "errVENDOR", "errUSBR", "errPOR", "errUNKNOWN", "errSTALLEDPKT")
+DFU_STATUS_OK = 0
+DFU_STATUS_ERR_ADDRESS = 8
+DFU_STATUS_ERR_STALLEDPKT = 15
+DFU_STATUS = struct.Struct("<B3sBB")   # GETSTATUS: bStatus, bwPollTimeout (24 bit), bState, iString
 
 # -- registers (Beagle CSR offsets) ---------------------------------------------------------
 SCU_CTRL_0 = 0x1A30C
@@ -105,6 +114,7 @@ DESCR_EP = 0x4C148
 MULTI_BO_EP = 0x4C160
 OUTFEED_CHUNK_LENGTH_REG = 0x4C058
 FATAL_ERR_INT_CONTROL = 0x4C060
+FATAL_ERR_INT_STATUS = 0x4C068
 TOP_LEVEL_INT_CONTROLS = (0x4C070, 0x4C080, 0x4C090, 0x4C0A0)
 HIB_ERROR_STATUS = 0x486F0
 HIB_FIRST_ERROR_STATUS = 0x48700

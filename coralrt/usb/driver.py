@@ -4,12 +4,18 @@
 downloads the firmware if it is in bootloader mode, resets it, claims
 interface 0 and runs the bring-up register sequence.  ``load`` accepts a
 coralrt segment (the coralrt wire protocol, docs/usb.md) or the
-``custom_options`` of an ``edgetpu-custom-op`` (a DWN1 package); programs are
-prepared and uploaded on their first run.  ``run`` follows the executable's
+``custom_options`` of an ``edgetpu-custom-op`` (a DWN1 package), unless the
+device cannot execute that kind of program (``ProgramRefusedError``); programs
+are prepared and uploaded on their first run.  ``run`` follows the executable's
 DMA hints in order, after the parameter-caching executable when its token is
 not cached yet.  ``close`` halts the chip, releases the interface, resets
 the port and drops the lock.  Any transfer failure leaves the device unusable
 until it is closed and opened again (which resets the stick).
+
+The driver knows backends through pyusb's interface only, plus the optional
+:class:`~coralrt.usb.extension.BackendExtension` (lock scope, device time,
+which program kinds the device refuses), read once in ``open``; a backend
+that does not implement it (libusb) is taken to drive real sticks.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import usb.util
 from coralrt.formats import segment_codec as seg_codec
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
-    DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceTimeoutError,
-    InputError,
+    ConfigError, DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError,
+    DeviceTimeoutError, InputError, ProgramRefusedError,
 )
 from coralrt.usb import bringup, dfu, firmware
 from coralrt.usb import constants as C
 from coralrt.usb.discovery import default_backend, select, speed_name
+from coralrt.usb.extension import LOCK_SCOPES, BackendExtension
 from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
 from coralrt.usb.programs import ExecutableProgram, SegmentProgram
@@ -39,6 +46,12 @@ from coralrt.usb.transport import Transport, translate_error
 __all__ = ["UsbEdgeTpu", "open_device", "SegmentProgram", "ExecutableProgram"]
 
 log = logging.getLogger("coralrt.usb")
+
+# What the driver assumes of a backend that is not a BackendExtension: real sticks.
+_REAL_STICK = BackendExtension()
+_PROGRAM_NAMES = {"segment": "a coralrt native segment",
+                  "dwn1": "an edgetpu_compiler program (DWN1 executable package)"}
+
 
 class UsbEdgeTpu(EdgeTpuDevice):
     """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb)."""
@@ -61,14 +74,15 @@ class UsbEdgeTpu(EdgeTpuDevice):
         self._dev = None
         self._t: Transport | None = None
         self._framer: Framer | None = None
-        self._lock: DeviceLock | None = None
+        self._lock: DeviceLock | None = None    # None: not open, or lock_scope "process"
+        self._ext: BackendExtension | None = None   # the backend's answers, set by open()
+        self._address: int | None = None
         self._failed: DeviceError | None = None
         self._programs: dict = {}
         self._on_device: set = set()         # segment keys the stick holds
         self._cached_token: int | None = None
         self._cached: set = set()            # parameter-caching programs uploaded
         self._stats = RunStats()
-        self._simulated = type(backend).__name__ == "SimulatedBackend"
         self._io_lock = threading.RLock()
 
     # -- open / close -------------------------------------------------------------------
@@ -81,12 +95,16 @@ class UsbEdgeTpu(EdgeTpuDevice):
             return
         backend = default_backend() if self.backend is None else self.backend
         self.backend = backend
+        ext = backend if isinstance(backend, BackendExtension) else _REAL_STICK
+        if ext.lock_scope not in LOCK_SCOPES:
+            raise ConfigError(f"{type(backend).__name__}.lock_scope is {ext.lock_scope!r}; "
+                              f"it must be one of {', '.join(LOCK_SCOPES)}")
         dev, mode, info = self._find(backend)
         port = info.port_path or f"bus{info.bus}-{info.address}"
-        # A simulated stick private to this process needs no lock across processes.
-        private = getattr(backend, "lock_scope", "machine") == "process"
-        lock = _NoLock() if private else DeviceLock(port, path_name=info.path)
-        lock.acquire()
+        # Sticks private to this process need no lock across processes.
+        lock = None if ext.lock_scope == "process" else DeviceLock(port, path_name=info.path)
+        if lock is not None:
+            lock.acquire()
         try:
             if mode == "bootloader":
                 image = firmware.load_image(self.firmware)
@@ -104,9 +122,11 @@ class UsbEdgeTpu(EdgeTpuDevice):
             t = Transport(dev, timeout=self.timeout, path=info.path)
             self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed)
         except BaseException:
-            lock.release()
+            if lock is not None:
+                lock.release()
             raise
         self._dev, self._t, self._lock, self.info = dev, t, lock, info
+        self._ext, self._address = ext, dev.address
         self.path = info.path
         self._framer = Framer(t, self.usb_speed)
         self._failed = None
@@ -150,6 +170,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
             return
         t, dev = self._t, self._dev
         self._t = self._framer = None
+        self._ext = self._address = None
         try:
             if self._failed is None:
                 bringup.halt(t)
@@ -165,6 +186,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
             log.debug("%s: reset on close: %s", self.path, e)
         if self._lock is not None:
             self._lock.release()
+            self._lock = None
         self._on_device.clear()
         self._cached.clear()
         self._cached_token = None
@@ -179,9 +201,16 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     # -- programs -----------------------------------------------------------------------
     def load(self, program):
-        """A handle for ``program`` (segment bytes or edgetpu-custom-op custom_options)."""
+        """A handle for ``program`` (segment bytes or edgetpu-custom-op custom_options).
+
+        Raises :class:`~coralrt.errors.ProgramRefusedError` when the device
+        cannot execute that kind of program (checked here when the device is
+        open, else on the program's first run).
+        """
         data = memoryview(program).cast("B")
-        if bytes(data[:8]) == seg_codec.MAGIC:
+        is_segment = bytes(data[:8]) == seg_codec.MAGIC
+        self._admit("segment" if is_segment else "dwn1")
+        if is_segment:
             key = bytes(data[:seg_codec.HEADER_SIZE])
             handle = self._programs.get(key)
             if handle is None:
@@ -189,6 +218,17 @@ class UsbEdgeTpu(EdgeTpuDevice):
             return handle
         handle = ExecutableProgram(data)
         return self._programs.setdefault(handle.key, handle)
+
+    def _admit(self, kind: str) -> None:
+        """Raise ProgramRefusedError if the open device cannot execute programs of ``kind``
+        (closed: nothing to ask yet; ``run`` asks before a program's first run)."""
+        ext, address = self._ext, self._address
+        if ext is None:
+            return
+        reason = ext.refusal(address, kind)
+        if reason is not None:
+            raise ProgramRefusedError(f"{self.path}: cannot load {_PROGRAM_NAMES[kind]}: "
+                                      f"{reason}", kind=kind, reason=reason, path=self.path)
 
     def _usable(self) -> Framer:
         if self._failed is not None:
@@ -205,6 +245,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     def _run(self, handle, inputs):
         framer = self._usable()
+        if not handle.prepared:     # loaded while the device was closed: ask now
+            self._admit(handle.kind)
         start = time.perf_counter()
         upload = 0.0
         try:
@@ -224,10 +266,9 @@ class UsbEdgeTpu(EdgeTpuDevice):
             self._failed = e
             raise
         host = time.perf_counter() - start
-        device = self._simulated_device_seconds()
-        self._stats = RunStats(host_seconds=host, device_seconds=device,
-                               parameter_upload_seconds=upload,
-                               computed=handle.kind == "segment" or not self._simulated)
+        self._stats = RunStats(host_seconds=host,
+                               device_seconds=self._ext.device_seconds(self._address),
+                               parameter_upload_seconds=upload)
         return outputs
 
     def _fatal(self, word: int) -> DeviceLostError:
@@ -237,17 +278,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
         return DeviceLostError(f"{self.path}: the stick raised a fatal-error interrupt "
                                f"(word {word:#x}; {detail}); close it and open it again, which "
                                f"resets it", path=self.path)
-
-    def _simulated_device_seconds(self) -> float:
-        """The simulated stick's estimate of the last run (0 on a real stick: not measured)."""
-        if not self._simulated:
-            return 0.0
-        address = getattr(self._dev, "address", None)
-        for stick in getattr(self.backend, "devices", ()):
-            if getattr(stick, "address", None) == address:
-                last = stick.engine.last_run
-                return float(last.get("device_seconds", 0.0) + last.get("upload_seconds", 0.0))
-        return 0.0
 
     # -- coralrt segments ---------------------------------------------------------------
     def _upload_segment(self, framer: Framer, h: SegmentProgram) -> float:
@@ -344,6 +374,9 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     def _expect_event(self, framer: Framer, want: int, what: str) -> None:
         _, _, tag = framer.read_event(f"{what} completion event")
+        if tag == C.TAG_ERROR:
+            raise DeviceError(f"{self.path}: {what}: the stick refused the request (error "
+                              f"event, tag 0xf)", path=self.path)
         if tag != want:
             raise DeviceError(f"{self.path}: {what}: expected an event with tag {want}, got "
                               f"{tag:#x}", path=self.path)
@@ -355,14 +388,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
     def __repr__(self) -> str:
         state = "open" if self.is_open else "closed"
         return f"<UsbEdgeTpu {self.path} {state}>"
-
-
-class _NoLock:
-    def acquire(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
 
 
 def open_device(path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,

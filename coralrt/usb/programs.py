@@ -3,7 +3,6 @@ coralrt wire protocol, docs/usb.md) or a DWN1 package from edgetpu_compiler."""
 
 from __future__ import annotations
 
-import struct
 import zlib
 
 import numpy as np
@@ -15,10 +14,7 @@ from coralrt.usb import constants as C
 from coralrt.usb.framing import prepare_stream
 from coralrt.usb.transforms import InputStager, OutputDecoder
 
-__all__ = ["RUN_MAGIC", "RUN_RECORD", "SegmentProgram", "ExecutableProgram"]
-
-RUN_MAGIC = b"CRTSRUN\0"
-RUN_RECORD = struct.Struct("<8sII")     # magic, CRC-32 of the segment header, input count
+__all__ = ["SegmentProgram", "ExecutableProgram"]
 
 
 class SegmentProgram:
@@ -37,7 +33,7 @@ class SegmentProgram:
                        for i in seg.inputs]
         self.outputs = [(tuple(seg.tensors[i].shape), numpy_dtype(seg.tensors[i].dtype))
                         for i in seg.outputs]
-        record = RUN_RECORD.pack(RUN_MAGIC, zlib.crc32(self.key), len(seg.inputs))
+        record = C.RUN_RECORD.pack(C.RUN_MAGIC, zlib.crc32(self.key), len(seg.inputs))
         self.run_parts = prepare_stream(C.TAG_INSTRUCTIONS, record)
         self.prepared = True
 

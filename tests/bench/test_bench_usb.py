@@ -3,7 +3,9 @@ stick with device time 0 (no latency model): DWN1 executables of two compiled
 models, warm (parameters cached).  The figure reported is the median run time
 minus the raw copy of the input and output bytes (what any driver must do);
 goal: below 0.3 ms.  It includes the simulated stick's own bookkeeping, so it
-is an upper bound of the driver's share.  No real stick is involved."""
+is an upper bound of the driver's share.  No real stick is involved: the
+simulated stick lets the DWN1 streams through by the test-only switch of
+``tests/support/sim.py`` (it records them and answers zeros)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import time
 import numpy as np
 import pytest
 from conftest import shared_model
+from support.sim import dwn1_backend
 
 from coralrt.usb import open_device
-from coralrt.sim.stick import SimulatedBackend
 
 pytestmark = pytest.mark.bench
 
@@ -51,7 +53,7 @@ def _raw_copy_seconds(inputs, nbytes_out: int, rounds: int = 200) -> float:
 def test_usb_driver_host_cost(benchmark, record_median, record_value, name, tmp_path,
                               monkeypatch):
     monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path))
-    dev = open_device(backend=SimulatedBackend(firmware_loaded=True))
+    dev = open_device(backend=dwn1_backend())
     try:
         handle = dev.load(_program(name))
         inputs = [np.random.default_rng(0).integers(0, 256, layer.shape, np.uint8)

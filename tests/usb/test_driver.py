@@ -1,6 +1,8 @@
 """The USB driver against the simulated stick and small fakes: discovery, DFU,
 bring-up (compared with the recorded libedgetpu trace), framing, the coralrt
-segment protocol, DWN1 execution by DMA hints with parameter caching, host
+segment protocol, the backend extension (lock scope, device time, programs a
+device refuses), DWN1 execution by DMA hints with parameter caching (on a
+simulated stick that lets DWN1 streams through for the test), host
 transforms, firmware handling and the ``coralrt firmware`` command."""
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import usb.backend
 import usb.core
+
+import coralrt
 from conftest import REPO_ROOT, shared_model
+from support.sim import dwn1_backend
 
 from coralrt.cli.main import main as cli_main
 from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DevicePermissionError,
-    DeviceTimeoutError, FirmwareError,
+    DeviceTimeoutError, FirmwareError, ProgramRefusedError,
 )
+from coralrt.sim.latency import LatencyModel
+from coralrt.sim.stick import SimulatedBackend
 from coralrt.usb import bringup, firmware, list_devices, open_device
 from coralrt.usb import constants as C
+from coralrt.usb.driver import UsbEdgeTpu
+from coralrt.usb.extension import BackendExtension
 from coralrt.usb.framing import Framer
-from coralrt.usb.lock import DeviceLock
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.usb.lock import DeviceLock, lock_dir
 from coralrt.usb.transforms import InputStager, OutputDecoder, relayout_index, xor_sign
 from coralrt.usb.transport import Transport, translate_error
 
@@ -282,7 +291,7 @@ def _expected_stream(exe):
 
 
 def test_dwn1_follows_hints_and_caches_parameters_by_token():
-    b = SimulatedBackend(firmware_loaded=True)
+    b = dwn1_backend()
     with open_device(backend=b) as dev:
         v1 = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
         v2 = dev.load(custom_options("mobilenet_v2_1.0_224_quant_edgetpu.tflite"))
@@ -292,7 +301,7 @@ def test_dwn1_follows_hints_and_caches_parameters_by_token():
         n1 = len(b.transcript)
         dev.run(v1, xs)
         n2 = len(b.transcript)
-        assert dev.last_stats.computed is False        # zero-filled by the simulated stick
+        assert dev.last_stats.device_seconds == 0.0    # no device time for DWN1 streams
         dev.run(v2, [np.zeros(layer.shape, np.uint8) for layer in v2.exe.inputs])
         n3 = len(b.transcript)
         dev.run(v1, xs)
@@ -395,43 +404,204 @@ def test_cli_firmware_info_and_install(tmp_path, capsys, monkeypatch):
     assert Path(firmware.installed_path()).read_bytes() == IMAGE
 
 
-def test_session_runs_edgetpu_compiled_models_on_the_simulated_stick(caplog):
-    import logging
-
-    import numpy as np
-
+def test_simulated_stick_refuses_edgetpu_compiler_programs_at_session_creation():
     from coralrt import InferenceSession
-    from coralrt.errors import DeviceNotFoundError
-    from coralrt.usb import open_device
-    from coralrt.sim.stick import SimulatedBackend
-    from conftest import random_inputs, shared_model
+    from conftest import random_inputs
 
     path = shared_model("edgetpu/deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite")
     backend = SimulatedBackend(firmware_loaded=True)
     with open_device(backend=backend) as dev:
-        sess = InferenceSession(path, target="coral", device=dev)
-        with caplog.at_level(logging.WARNING, logger="coralrt.session"):
-            out = sess.run(random_inputs(sess.get_inputs()))
-        (argmax,) = out.values()
-        assert argmax.shape == (1, 513, 513) and argmax.dtype == np.int64
-        assert [s["kind"] for s in sess.profile()] == ["tpu", "cpu"]  # the tail on the CPU
-        assert not sess.outputs_computed
-        assert any("placeholders" in r.getMessage() for r in caplog.records)
-        assert any(e["op"] == "bulk_out" for e in backend.transcript)
+        with pytest.raises(ProgramRefusedError) as info:
+            InferenceSession(path, target="coral", device=dev)
+        err = info.value
+        assert isinstance(err, DeviceError) and isinstance(err, OSError)
+        assert err.kind == "dwn1" and err.path == dev.path
+        text = str(err)
+        assert text.startswith(f"{dev.path}: cannot load an edgetpu_compiler program")
+        assert "simulated Edge TPU cannot execute" in text
+        assert "Google's closed Edge TPU instruction set" in text
+        assert "target='sim'" in text and "target='coral'" in text
+        assert not [e for e in backend.transcript if e["op"] == "bulk_out"]   # nothing sent
+        # The refusal did not break the stick: native segments still run on it.
+        sess = InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),
+                                target="sim", device=dev)
+        sess.run(random_inputs(sess.get_inputs()))
     # No stick attached (libusb finds none here): a clear error, never a CPU run.
     with pytest.raises(DeviceNotFoundError):
         InferenceSession(path, target="coral")
+
+
+def test_session_drives_edgetpu_compiled_models_on_a_stick_that_accepts_them():
+    # The driver's DWN1 path through a session (test switch: the stick records the
+    # streams and answers zeros, which are not the model's outputs).
+    from coralrt import InferenceSession
+    from conftest import random_inputs
+
+    path = shared_model("edgetpu/deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite")
+    backend = dwn1_backend()
+    with open_device(backend=backend) as dev:
+        sess = InferenceSession(path, target="coral", device=dev)
+        out = sess.run(random_inputs(sess.get_inputs()))
+        (argmax,) = out.values()
+        assert argmax.shape == (1, 513, 513) and argmax.dtype == np.int64
+        assert [s["kind"] for s in sess.profile()] == ["tpu", "cpu"]  # the tail on the CPU
+        assert any(e["op"] == "bulk_out" and e.get("kind") == "raw" for e in backend.transcript)
+        assert not hasattr(dev.last_stats, "computed")
+
+
+def test_stick_refuses_raw_streams_that_arrive_anyway():
+    # Defence in depth: a DWN1 program prepared while the test switch was on, run after
+    # it is off, gets an error event from the stick: a DeviceError, never zeros.
+    backend = dwn1_backend(max_wait=0.5)
+    with open_device(backend=backend, timeout=0.5) as dev:
+        h = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+        xs = [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs]
+        dev.run(h, xs)
+        backend._accept_dwn1_for_tests = False
+        with pytest.raises(DeviceError, match="refused"):
+            dev.run(h, xs)
+    assert [e for e in backend.transcript if e["op"] == "raw_refused"]
+
+
+def test_refusal_of_a_program_loaded_while_closed_comes_at_its_first_run():
+    dev = UsbEdgeTpu(None, SimulatedBackend(firmware_loaded=True))
+    h = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+    dev.open()
+    try:
+        with pytest.raises(ProgramRefusedError, match="edgetpu_compiler"):
+            dev.run(h, [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs])
+        dev._usable()                   # the device is not marked as failed
+    finally:
+        dev.close()
+
+
+# -- the backend extension ------------------------------------------------------------------
+
+class PyusbOnly(usb.backend.IBackend):
+    """A pyusb backend without the extension, as libusb is (it drives a simulated stick
+    underneath, which the driver cannot tell): the driver must assume a real stick."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+
+for _name in [n for n in vars(usb.backend.IBackend) if not n.startswith("_")]:
+    setattr(PyusbOnly, _name,
+            lambda self, *args, _name=_name: getattr(self.inner, _name)(*args))
+
+
+def small_segment_bytes() -> bytes:
+    from coralrt.formats.segment import build_segment
+    from coralrt.formats.segment_codec import encode
+    from coralrt.model.builder import ModelBuilder
+    b = ModelBuilder(name="relu")
+    x = b.input("x", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
+    y = b.tensor("y", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
+    b.op("RELU", [x], [y])
+    b.output(y)
+    return encode(build_segment(b.build()))
+
+
+def test_backend_without_extension_is_a_real_stick_that_refuses_native_segments():
+    from coralrt import InferenceSession
+
+    plain = PyusbOnly(SimulatedBackend(firmware_loaded=True, lock_scope="process"))
+    assert not isinstance(plain, BackendExtension)
+    with open_device(backend=plain) as dev:
+        assert list(lock_dir().glob("*.lock"))          # lock_scope "machine": the lock
+        with pytest.raises(ProgramRefusedError) as info:
+            dev.load(small_segment_bytes())
+        text = str(info.value)
+        assert info.value.kind == "segment"
+        assert text.startswith(f"{dev.path}: cannot load a coralrt native segment: a real "
+                               f"Edge TPU cannot execute coralrt's native segments")
+        assert "target='sim'" in text and "edgetpu_compiler" in text
+        with pytest.raises(ProgramRefusedError):        # at session creation
+            InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),
+                             target="sim", device=dev)
+        # DWN1 programs are what a real stick runs; its device time is not measured.
+        plain.inner._accept_dwn1_for_tests = True       # (the stick underneath is simulated)
+        h = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+        dev.run(h, [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs])
+        assert dev.last_stats.device_seconds == 0.0 and dev.last_stats.host_seconds > 0
+
+
+def test_a_stick_the_session_opened_is_closed_when_it_refuses_the_program():
+    from coralrt import InferenceSession
+    from coralrt.usb.driver import UsbEdgeTpu
+
+    made = []
+
+    def refusing_stick(kernels=None):
+        made.append(UsbEdgeTpu(None, PyusbOnly(SimulatedBackend(firmware_loaded=True))))
+        return made[-1]
+
+    class Plugin:
+        @coralrt.hookimpl
+        def coralrt_register_devices(self, registry):
+            registry.add("sim", refusing_stick)
+
+    with pytest.raises(ProgramRefusedError):
+        InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"), target="sim",
+                         plugins=[Plugin()])
+    assert len(made) == 1 and not made[0].is_open
+    assert not list(lock_dir().glob("*.pid"))           # the lock went with it
+
+
+def test_default_extension_answers():
+    ext = BackendExtension()
+    assert ext.lock_scope == "machine" and ext.device_seconds(5) == 0.0
+    assert ext.refusal(5, "dwn1") is None
+    assert "native segments" in ext.refusal(5, "segment")
+    sim = SimulatedBackend()
+    assert isinstance(sim, BackendExtension) and isinstance(sim, usb.backend.IBackend)
+    assert sim.refusal(5, "segment") is None and "closed" in sim.refusal(5, "dwn1")
+    assert dwn1_backend().refusal(5, "dwn1") is None
+    with pytest.raises(ValueError, match="lock_scope"):
+        SimulatedBackend(lock_scope="galaxy")
+
+
+def test_lock_scope_process_takes_no_lock():
+    b = SimulatedBackend(firmware_loaded=True, lock_scope="process")
+    with open_device(backend=b) as dev:
+        assert dev._lock is None
+        assert not lock_dir().exists() or not list(lock_dir().iterdir())
+    with open_device(backend=SimulatedBackend(firmware_loaded=True)) as dev:
+        assert dev._lock is not None and list(lock_dir().glob("*.lock"))
+    assert dev._lock is None                           # released on close
+
+
+def test_device_seconds_come_from_the_latency_model_through_the_extension():
+    from coralrt import InferenceSession
+    from conftest import random_inputs
+
+    b = SimulatedBackend(firmware_loaded=True, latency=LatencyModel(), time_scale=0.0,
+                         lock_scope="process")
+    with open_device(backend=b) as dev:
+        sess = InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),
+                                target="sim", device=dev)
+        x = random_inputs(sess.get_inputs())
+        sess.run(x)
+        last = b.devices[0].engine.last_run
+        cold = dev.last_stats.device_seconds
+        assert cold == pytest.approx(last["device_seconds"] + last["upload_seconds"])
+        assert last["upload_seconds"] > 0
+        sess.run(x)
+        warm = dev.last_stats.device_seconds
+        assert warm == pytest.approx(b.devices[0].engine.last_run["device_seconds"])
+        assert cold > warm > 0
+        assert sess.profile()[0]["device_seconds"] == pytest.approx(warm)
+        assert b.device_seconds(dev._address) == pytest.approx(warm)
+        assert b.device_seconds(9999) == 0.0             # no stick at that address
 
 
 def test_auto_target_picks_coral_when_a_stick_is_given_and_cpu_otherwise(caplog):
     import logging
 
     from coralrt import InferenceSession
-    from coralrt.usb import open_device
-    from coralrt.sim.stick import SimulatedBackend
 
     compiled = shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite")
-    with open_device(backend=SimulatedBackend(firmware_loaded=True)) as dev, \
+    with open_device(backend=dwn1_backend()) as dev, \
             caplog.at_level(logging.INFO, logger="coralrt.session"):
         assert InferenceSession(compiled, target="auto", device=dev).target == "coral"
         assert InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),

@@ -1,6 +1,10 @@
 """Faults on the simulated stick give the right coralrt error within the timeout,
 the process survives, and reopening the stick recovers; a second process gets
-DeviceBusyError while the first keeps running inferences."""
+DeviceBusyError while the first keeps running inferences.
+
+The runs use a DWN1 executable on a simulated stick that lets DWN1 streams
+through (the test-only switch of ``tests/support/sim.py``): what is checked is
+the driver's transfers, not outputs."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, shared_model
+from support.sim import dwn1_backend
 
 from coralrt.errors import DeviceBusyError, DeviceError, DeviceLostError, DeviceTimeoutError
 from coralrt.usb import open_device
@@ -55,7 +60,7 @@ def _one_run(dev, program):
 ])
 @pytest.mark.parametrize("after", [0, 2])
 def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, error, code, after):
-    b = SimulatedBackend(firmware_loaded=True, max_wait=TIMEOUT)
+    b = dwn1_backend(max_wait=TIMEOUT)
     dev = open_device(backend=b, timeout=TIMEOUT)
     _one_run(dev, program)                     # warm: parameters cached
     b.inject(kind, after=after)
@@ -83,7 +88,7 @@ def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, erro
 
 
 def test_slow_reenumeration_after_dfu_times_out_then_recovers(program):
-    b = SimulatedBackend(max_wait=TIMEOUT)
+    b = dwn1_backend(firmware_loaded=False, max_wait=TIMEOUT)
     b.inject("slow_reenumeration", seconds=1.5)
     start = time.monotonic()
     with pytest.raises(DeviceTimeoutError, match="18d1:9302") as info:
@@ -97,7 +102,7 @@ def test_slow_reenumeration_after_dfu_times_out_then_recovers(program):
 
 
 def test_slow_reenumeration_within_the_wait_succeeds(program):
-    b = SimulatedBackend(max_wait=TIMEOUT)
+    b = dwn1_backend(firmware_loaded=False, max_wait=TIMEOUT)
     b.inject("slow_reenumeration", seconds=0.3)
     start = time.monotonic()
     with open_device(backend=b, timeout=TIMEOUT, firmware=b"\x02" * 300,
@@ -111,11 +116,11 @@ _HOLDER = textwrap.dedent("""
     import numpy as np
     from coralrt.model import load_model
     from coralrt.usb import open_device
-    from coralrt.sim.stick import SimulatedBackend
+    from tests.support.sim import dwn1_backend
     model = load_model(sys.argv[1])
     program = next(op.custom_options for op in model.main.operators
                    if op.name == "edgetpu-custom-op")
-    dev = open_device(backend=SimulatedBackend(firmware_loaded=True))
+    dev = open_device(backend=dwn1_backend())
     h = dev.load(program)
     xs = [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs]
     dev.run(h, xs)

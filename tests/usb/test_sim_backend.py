@@ -14,6 +14,7 @@ import pytest
 import usb.core
 import usb.util
 from conftest import REPO_ROOT, shared_model
+from support.sim import accept_dwn1
 
 from coralrt.formats.segment import build_segment
 from coralrt.formats.segment_codec import HEADER_SIZE, encode
@@ -38,8 +39,10 @@ def find(backend, ids=None) -> list:
     return list(usb.core.find(find_all=True, backend=backend, **kw))
 
 
-def running(**kw):
+def running(*, dwn1: bool = False, **kw):
     backend = SimulatedBackend(firmware_loaded=True, **kw)
+    if dwn1:                    # the test-only switch: raw (DWN1) streams answered with zeros
+        accept_dwn1(backend)
     dev = find(backend, APP)[0]
     dev.set_configuration(1)
     usb.util.claim_interface(dev, 0)
@@ -322,12 +325,29 @@ def test_bad_header_raises_fatal_interrupt_until_reset(header):
     dev.reset()
     dev = find(backend, APP)[0]
     bring_up(dev)
-    send(dev, 0, b"instructions")
-    assert event(dev)[2] == 4
+    seg = small_segment()
+    check_run(dev, seg, encode(seg))                         # the stick works again
 
 
-def test_dwn1_streams_are_recorded_and_answered_with_zeros():
+def test_dwn1_streams_are_refused_with_an_error_event():
     backend, dev = running()
+    bring_up(dev)
+    send(dev, 0, b"EO-bitstream")
+    send(dev, 1, bytes(100))
+    assert len(dev.read(0x81, 1001, timeout=100)) == 0      # a zero-length packet, no zeros
+    assert event(dev)[2] == 0xF
+    with pytest.raises(usb.core.USBTimeoutError):            # one error event per request
+        dev.read(0x82, 16, timeout=20)
+    outs = [(t["tag"], t["length"], t.get("crc32"), t.get("refused")) for t in backend.transcript
+            if t["op"] == "bulk_out"]
+    assert outs == [(0, 12, zlib.crc32(b"EO-bitstream"), True),
+                    (1, 100, zlib.crc32(bytes(100)), True)]
+    assert [t["op"] for t in backend.transcript].count("raw_refused") == 1
+    check_run(dev, small_segment(), encode(small_segment()))  # segments still run
+
+
+def test_dwn1_streams_with_the_test_switch_are_recorded_and_answered_with_zeros():
+    backend, dev = running(dwn1=True)
     bring_up(dev)
     with pytest.raises(usb.core.USBTimeoutError):            # nothing sent yet
         dev.read(0x82, 16, timeout=20)
@@ -344,7 +364,8 @@ def test_dwn1_streams_are_recorded_and_answered_with_zeros():
     assert outs == [(0, 12, zlib.crc32(b"PC-bitstream")), (2, len(params), zlib.crc32(params)),
                     (0, 12, zlib.crc32(b"EO-bitstream")), (1, 100, zlib.crc32(bytes(100)))]
     zero = [t for t in backend.transcript if t["op"] == "bulk_in" and t["ep"] == 0x81]
-    assert zero[0]["zero_filled"] and zero[0]["length"] == 1001
+    assert zero[0]["length"] == 1001 and "zero_filled" not in zero[0]
+    assert not [t for t in backend.transcript if t.get("refused")]
 
 
 # -- coralrt segments ---------------------------------------------------------------------

@@ -17,10 +17,18 @@ and :mod:`coralrt.sim.stick.bulk` (bulk framing, segments, DWN1 streams).
 Every transfer is appended to ``backend.transcript`` as a dict with at least
 ``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``.  Ops:
 "read"/"write" (registers), "bulk_out" (one per 8-byte header; ``kind``
-"load"/"run"/"input"/"raw"/"drop", raw ones get ``crc32`` when complete),
-"bulk_in", "intr_in", "ctrl" (standard requests), "dfu_<request>", and the
-events "load", "run", "run_unknown", "load_failed", "fatal", "fault",
-"timeout", "reset", "reenumerate", "disconnect", "replug".
+"load"/"run"/"input"/"raw"/"drop", raw ones get ``crc32`` when complete and
+``refused`` unless the test-only switch below is on), "bulk_in", "intr_in",
+"ctrl" (standard requests), "dfu_<request>", and the events "load", "run",
+"run_unknown", "load_failed", "raw_refused", "fatal", "fault", "timeout",
+"reset", "reenumerate", "disconnect", "replug".
+
+Beyond pyusb, the backend answers the driver through
+:class:`coralrt.usb.extension.BackendExtension`: ``lock_scope`` (as given),
+``device_seconds`` (the latency model's estimate of the last segment run on a
+stick, parameter upload included) and ``refusal``: the simulated Edge TPU
+executes coralrt's native segments and refuses edgetpu_compiler programs
+(DWN1), whose instructions are Google's closed instruction set.
 
 Faults (``inject`` or a :class:`FaultPlan`): "timeout" (USBTimeoutError after
 the caller's timeout, capped at ``max_wait`` seconds), "stall" (USBError
@@ -44,12 +52,19 @@ import usb.backend
 
 from coralrt.sim.stick.registers import OPEN_TRACE, parse_trace
 from coralrt.sim.stick.stick import SimulatedStick, usb_error
+from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
 
-__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS"]
+__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "REFUSES_DWN1"]
 
 log = logging.getLogger("coralrt.usb")
 
 FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration")
+
+REFUSES_DWN1 = (
+    "the simulated Edge TPU cannot execute edgetpu_compiler programs (their instructions are "
+    "Google's closed Edge TPU instruction set, which nobody outside Google can execute); run "
+    "the plain, uncompiled .tflite with target='sim' (coralrt compiles it for the simulated "
+    "Edge TPU), or use target='coral' with a Coral USB Accelerator attached")
 
 
 @dataclass
@@ -97,7 +112,7 @@ class _Handle:
         self.stick, self.generation, self.closed = devid.stick, devid.generation, False
 
 
-class SimulatedBackend(usb.backend.IBackend):
+class SimulatedBackend(usb.backend.IBackend, BackendExtension):
     """pyusb backend with ``n_devices`` simulated Coral USB Accelerators.
 
     ``firmware_loaded``: the sticks start in running mode (18d1:9302) instead of
@@ -109,7 +124,24 @@ class SimulatedBackend(usb.backend.IBackend):
     operator name, as plugins register them (see coralrt/sim/kernels/__init__.py).
     ``max_wait``: longest a simulated timeout or empty read really waits.
     ``dfu_busy_polls``: GETSTATUS answers of dfuDNBUSY before each block is done.
+    ``lock_scope``: "machine" (the driver takes its cross-process per-stick
+    lock, as for real sticks) or "process" (the sticks are private to this
+    process: no lock).
+
+    The sticks refuse edgetpu_compiler (DWN1) programs: :meth:`refusal` says
+    so, and should a raw (non-segment) stream arrive anyway, the stick answers
+    it with an error event (tag 0xF), never with made-up outputs.
+
+    TEST-ONLY: ``backend._accept_dwn1_for_tests = True`` (set by
+    ``tests/support/sim.py``, not a user option) lets the test suite exercise
+    the driver's DWN1 path (framing, DMA hints, parameter caching): raw
+    streams are then recorded with their CRC-32 and answered with zero bytes
+    and a tag 4 event, as a stick that checks nothing would.  Those zeros are
+    not outputs of the program; nothing tells the host otherwise.
     """
+
+    #: Test-only switch, see the class docstring.
+    _accept_dwn1_for_tests = False
 
     def __init__(self, *, firmware_loaded: bool = False, n_devices: int = 1, latency=None,
                  usb_speed: str = "usb3", faults: FaultPlan | None = None, trace_path=None,
@@ -120,6 +152,8 @@ class SimulatedBackend(usb.backend.IBackend):
             raise ValueError(f"usb_speed must be 'usb2' or 'usb3', not {usb_speed!r}")
         if n_devices < 0:
             raise ValueError("n_devices must be >= 0")
+        if lock_scope not in LOCK_SCOPES:
+            raise ValueError(f"lock_scope must be one of {LOCK_SCOPES}, not {lock_scope!r}")
         trace = None
         if trace_path is not None:
             with open(trace_path, encoding="utf-8") as f:
@@ -129,7 +163,7 @@ class SimulatedBackend(usb.backend.IBackend):
         self.transcript = [] if transcript_limit is None else deque(maxlen=transcript_limit)
         # "machine": the host's per-stick lock spans processes, as for real
         # sticks; "process": every process gets its own simulated sticks.
-        self.lock_scope = lock_scope
+        self.lock_scope = lock_scope    # BackendExtension.lock_scope
         self.max_wait = max_wait
         self.dfu_busy_polls = dfu_busy_polls
         self.usb_speed = usb_speed
@@ -163,6 +197,28 @@ class SimulatedBackend(usb.backend.IBackend):
         if mode not in (None, "bootloader", "running"):
             raise ValueError(f"mode must be 'bootloader' or 'running', not {mode!r}")
         self._stick(device).replug(mode)
+
+    # -- what the driver learns beyond pyusb (BackendExtension) --------------------------
+
+    def device_seconds(self, address: int) -> float:
+        """The latency model's estimate of the last run of the stick at ``address``."""
+        for stick in self.devices:
+            if stick.address == address:
+                last = stick.engine.last_run
+                return float(last.get("device_seconds", 0.0) + last.get("upload_seconds", 0.0))
+        return 0.0
+
+    def refusal(self, address: int, kind: str) -> str | None:
+        """None for coralrt segments; edgetpu_compiler programs are refused (see above)."""
+        if kind == "segment":
+            return None
+        if kind == "dwn1":
+            return None if self._accept_dwn1_for_tests else REFUSES_DWN1
+        return (f"the simulated Edge TPU does not know programs of kind {kind!r} (it knows "
+                f"{', '.join(PROGRAM_KINDS)})")
+
+    def _raw_streams_accepted(self) -> bool:
+        return self._accept_dwn1_for_tests
 
     def _stick(self, device: int) -> SimulatedStick:
         if not 0 <= device < len(self.devices):

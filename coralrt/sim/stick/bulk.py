@@ -15,10 +15,15 @@ first bytes of a payload tell what it is:
   read never crosses two outputs) followed by a tag 4 event.  An unknown
   segment gets a tag 0xF event at once, its inputs are dropped, and reads of
   EP 0x81 return zero bytes while that error event is unread;
-* anything else is a raw (DWN1) stream: recorded with its CRC-32 and
-  dropped.  After raw streams, EP 0x81 reads return as many zero bytes as
-  asked, and one EP 0x82 read returns a tag 4 event.  The executable's DMA
-  hints are not known here; hosts check the transcript against them.
+* anything else is a raw stream (an edgetpu_compiler program: DWN1
+  instructions, parameters, inputs), which the simulated Edge TPU cannot
+  execute.  It is recorded with its CRC-32 and dropped, and answered with an
+  error event (tag 0xF; reads of EP 0x81 return zero bytes while it is
+  unread), so that a host that sends one anyway gets an error, never made-up
+  outputs.  Only when the test suite opts in (``raw_allowed()`` true, see
+  ``SimulatedBackend``) do EP 0x81 reads after raw streams return as many
+  zero bytes as asked and one EP 0x82 read a tag 4 event: the executable's
+  DMA hints are not known here, and tests check the transcript against them.
 
 Framing errors (a tag the host may not send, non-zero reserved header bytes,
 inputs of the wrong size or out of order) raise the fatal-error interrupt;
@@ -28,7 +33,6 @@ the engine then answers nothing until a reset.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 import zlib
 from collections import deque
@@ -39,16 +43,15 @@ from coralrt.formats import segment_codec as seg_codec
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.runner import SegmentRunner
 from coralrt.usb.constants import (
-    EVENT, HEADER, TAG_ERROR, TAG_INPUT, TAG_INSTRUCTIONS, TAG_INTERRUPT0, TAG_PARAMETERS,
+    EVENT, HEADER, RUN_MAGIC, RUN_RECORD, TAG_ERROR, TAG_INPUT, TAG_INSTRUCTIONS,
+    TAG_INTERRUPT0, TAG_PARAMETERS,
 )
 
-__all__ = ["BulkEngine", "RUN_RECORD", "RUN_MAGIC"]
+__all__ = ["BulkEngine"]
 
 log = logging.getLogger("coralrt.usb")
 
-RUN_MAGIC = b"CRTSRUN\0"
-RUN_RECORD = struct.Struct("<8sII")
-_PROBE = 8          # payload bytes looked at before deciding what a stream is
+_PROBE = 8          # payload bytes looked at before deciding what a stream is (both magics)
 
 
 class _Loaded:
@@ -71,9 +74,11 @@ class _Stream:
 class BulkEngine:
     """Per-stick bulk state.  The stick holds its lock around every call."""
 
-    def __init__(self, record, on_fatal, *, latency=None, kernels=None, time_scale=1.0):
+    def __init__(self, record, on_fatal, *, latency=None, kernels=None, time_scale=1.0,
+                 raw_allowed=lambda: False):
         self._record = record          # record(op, **fields) -> dict (transcript entry)
         self._on_fatal = on_fatal      # on_fatal(reason)
+        self._raw_allowed = raw_allowed   # () -> bool: the test-only DWN1 switch
         self.latency = latency
         # 1: data becomes readable after the estimated device time; 0: at once
         # (the estimate is still reported in last_run).
@@ -97,7 +102,6 @@ class BulkEngine:
         self.ready_at = 0.0
         self._error_events = 0
         self._raw_pending = False
-        self.last_read_zero_filled = False
         self.fatal: str | None = None
 
     # -- host -> device ------------------------------------------------------------------
@@ -176,7 +180,14 @@ class BulkEngine:
         s.entry["complete"] = True
         if s.kind == "raw":
             s.entry["crc32"] = s.crc
-            self._raw_pending = True
+            self.last_run = {}          # not a segment run: no device time known
+            if self._raw_allowed():
+                self._raw_pending = True
+            else:
+                s.entry["refused"] = True
+                if not self._error_events:
+                    self._record("raw_refused", tag=s.tag, length=s.length)
+                    self._event(0, TAG_ERROR)
         elif s.kind == "load":
             self._load(bytes(s.data))
         elif s.kind == "run":
@@ -274,7 +285,6 @@ class BulkEngine:
 
     def read_output(self, size: int) -> bytes | None:
         """Bytes for an EP 0x81 read of ``size``, or None when nothing is ready."""
-        self.last_read_zero_filled = False
         if self.fatal is not None or time.monotonic() < self.ready_at:
             return None
         if self.outputs:
@@ -286,8 +296,7 @@ class BulkEngine:
             return bytes(head[:size])
         if self._error_events:
             return b""          # the run was refused: a zero-length packet, see the event
-        if self._raw_pending:
-            self.last_read_zero_filled = True
+        if self._raw_pending:   # test-only DWN1 switch: the program was not executed
             return bytes(size)
         return None
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 import struct
 from types import SimpleNamespace
 
-from coralrt.usb.constants import APP_ID, BOOTLOADER_ID, DFU_BLOCK_SIZE
+import usb.util
+
+from coralrt.usb.constants import (
+    APP_ID, BOOTLOADER_ID, DFU_BLOCK_SIZE, EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT,
+)
 
 __all__ = ["SPEEDS", "device_descriptor", "configuration", "raw_configuration",
            "string_descriptor", "raw_device", "DFU_ATTRIBUTES"]
 
-# libusb speed codes (usb.util.SPEED_HIGH / SPEED_SUPER)
-SPEEDS = {"usb2": 3, "usb3": 4}
+# libusb speed codes, as pyusb names them
+SPEEDS = {"usb2": usb.util.SPEED_HIGH, "usb3": usb.util.SPEED_SUPER}
 # bitCanDnload | bitCanUpload | bitManifestationTolerant: after the final
 # zero-length DNLOAD the device goes back to dfuIDLE, as libedgetpu expects.
 DFU_ATTRIBUTES = 0x07
@@ -69,10 +73,11 @@ def configuration(mode: str, usb_speed: str) -> SimpleNamespace:
         cls = (0xFE, 0x01, 0x02)
     else:
         bulk = 1024 if usb_speed == "usb3" else 512
-        endpoints = [_endpoint(0x01, 2, bulk), _endpoint(0x02, 2, bulk),
-                     _endpoint(0x03, 2, bulk), _endpoint(0x81, 2, bulk),
-                     _endpoint(0x82, 2, bulk), _endpoint(0x83, 3, 64, 4 if usb_speed == "usb3"
-                                                         else 8)]
+        # EP_OUT and the multi-endpoint OUT endpoints 0x02/0x03, then the IN endpoints
+        endpoints = [_endpoint(EP_OUT, 2, bulk), _endpoint(0x02, 2, bulk),
+                     _endpoint(0x03, 2, bulk), _endpoint(EP_OUTPUT, 2, bulk),
+                     _endpoint(EP_EVENT, 2, bulk),
+                     _endpoint(EP_INTERRUPT, 3, 64, 4 if usb_speed == "usb3" else 8)]
         intf_extra = []
         cls = (0xFF, 0xFF, 0xFF)
     intf = SimpleNamespace(bLength=9, bDescriptorType=4, bInterfaceNumber=0,

@@ -16,22 +16,27 @@ errADDRESS / dfuERROR.  Any image of at least one byte is accepted.
 from __future__ import annotations
 
 import hashlib
-import struct
 import time
 
 from coralrt.usb.constants import (
     DFU_ABORT, DFU_BLOCK_SIZE, DFU_CLRSTATUS, DFU_DETACH, DFU_DNLOAD, DFU_GETSTATE,
-    DFU_GETSTATUS, DFU_STATES, DFU_UPLOAD,
+    DFU_GETSTATUS, DFU_STATE_DNBUSY, DFU_STATE_DNLOAD_IDLE, DFU_STATE_DNLOAD_SYNC,
+    DFU_STATE_ERROR, DFU_STATE_IDLE, DFU_STATE_MANIFEST, DFU_STATE_MANIFEST_SYNC,
+    DFU_STATE_UPLOAD_IDLE, DFU_STATES, DFU_STATUS, DFU_STATUS_ERR_ADDRESS,
+    DFU_STATUS_ERR_STALLEDPKT, DFU_STATUS_OK, DFU_UPLOAD,
 )
 
 __all__ = ["DfuStall", "DfuMachine", "REQUEST_NAMES"]
 
-IDLE, DN_SYNC, DN_BUSY, DN_IDLE, MAN_SYNC, MANIFEST, UP_IDLE, ERROR = 2, 3, 4, 5, 6, 7, 9, 10
-OK, ERR_ADDRESS, ERR_STALLEDPKT = 0, 8, 15
+# Short local names of the DFU 1.1 states and status codes (values in coralrt.usb.constants).
+IDLE, DN_SYNC, DN_BUSY, DN_IDLE = (DFU_STATE_IDLE, DFU_STATE_DNLOAD_SYNC, DFU_STATE_DNBUSY,
+                                   DFU_STATE_DNLOAD_IDLE)
+MAN_SYNC, MANIFEST, UP_IDLE, ERROR = (DFU_STATE_MANIFEST_SYNC, DFU_STATE_MANIFEST,
+                                      DFU_STATE_UPLOAD_IDLE, DFU_STATE_ERROR)
+OK, ERR_ADDRESS, ERR_STALLEDPKT = DFU_STATUS_OK, DFU_STATUS_ERR_ADDRESS, DFU_STATUS_ERR_STALLEDPKT
 REQUEST_NAMES = {DFU_DETACH: "detach", DFU_DNLOAD: "dnload", DFU_UPLOAD: "upload",
                  DFU_GETSTATUS: "getstatus", DFU_CLRSTATUS: "clrstatus",
                  DFU_GETSTATE: "getstate", DFU_ABORT: "abort"}
-_STATUS = struct.Struct("<B3sBB")
 
 
 class DfuStall(Exception):
@@ -132,7 +137,7 @@ class DfuMachine:
                 self.firmware_sha256 = hashlib.sha256(self.firmware).hexdigest()
                 self._image = bytearray()
                 self.state = IDLE
-        return _STATUS.pack(self.status, poll.to_bytes(3, "little"), self.state, 0)
+        return DFU_STATUS.pack(self.status, poll.to_bytes(3, "little"), self.state, 0)
 
     def _getstate(self, value: int, length: int, data: bytes) -> bytes:
         return bytes([self.state])

@@ -28,9 +28,10 @@ import usb.core
 
 from coralrt.sim.stick import descriptors as desc
 from coralrt.usb.constants import (
-    EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_INTERRUPT_BIT,
+    DFU_DETACH, DFU_DNLOAD, DFU_GETSTATE, DFU_GETSTATUS, DFU_OUT, DFU_UPLOAD, EP_EVENT,
+    EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_ERR_INT_STATUS, FATAL_INTERRUPT_BIT,
     HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE, REQ_REG32, REQ_REG64,
-    RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL,
+    RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL, TAG_OUTPUT,
 )
 from coralrt.sim.stick.bulk import BulkEngine
 from coralrt.sim.stick.dfu import REQUEST_NAMES, DfuMachine, DfuStall
@@ -40,7 +41,6 @@ __all__ = ["SimulatedStick", "usb_error"]
 
 log = logging.getLogger("coralrt.usb")
 
-FATAL_ERR_INT_STATUS = 0x4C068
 _LIBUSB = {  # errno -> (libusb code, libusb message)
     errno.ETIMEDOUT: (-7, "Operation timed out"),
     errno.EPIPE: (-9, "Pipe error"),
@@ -70,7 +70,8 @@ class SimulatedStick:
         self.cond = threading.Condition(threading.RLock())
         self.registers = RegisterFile(trace) if trace is not None else RegisterFile()
         self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
-                                 kernels=kernels, time_scale=time_scale)
+                                 kernels=kernels, time_scale=time_scale,
+                                 raw_allowed=backend._raw_streams_accepted)
         self.interrupts: deque[bytes] = deque()
         self.faults: list = []           # pending Fault objects, see sim.FaultPlan
         self.transfers = 0
@@ -273,12 +274,13 @@ class SimulatedStick:
     def _dfu(self, rtype, request, value, index, mv) -> bytes:
         name = REQUEST_NAMES.get(request, str(request))
         if self.mode == "running":
-            if rtype == 0x21 and request == 0:        # DFU_DETACH from application mode
+            if rtype == DFU_OUT and request == DFU_DETACH:   # from application mode
                 self.detach_pending = True
                 self._record("dfu_detach", value=value)
                 return b""
             raise usb_error(errno.EPIPE, f"DFU {name} in running mode")
-        if (rtype & 0x80) != (0x80 if request in (2, 3, 5) else 0) or index != 0:
+        data_in = request in (DFU_UPLOAD, DFU_GETSTATUS, DFU_GETSTATE)
+        if (rtype & 0x80) != (0x80 if data_in else 0) or index != 0:
             self._record(f"dfu_{name}", error="bad direction or interface")
             raise usb_error(errno.EPIPE, f"DFU {name} with bmRequestType {rtype:#x} "
                                          f"wIndex {index}")
@@ -291,9 +293,9 @@ class SimulatedStick:
             raise usb_error(errno.EPIPE, f"DFU: {e}") from None
         fields = dict(value=value, length=len(mv), state=self.dfu.state,
                       status=self.dfu.status)
-        if request == 1:
+        if request == DFU_DNLOAD:
             fields["block"] = value
-        elif request == 2:
+        elif request == DFU_UPLOAD:
             fields["length"] = len(reply)
         self._record(f"dfu_{name}", **fields)
         return reply or b""
@@ -349,7 +351,7 @@ class SimulatedStick:
             if ep == EP_OUTPUT:
                 got = self._wait(self._cap(timeout_ms),
                                  lambda: self.engine.read_output(len(mv)), handle.generation)
-                tag, what = 3, "output"
+                tag, what = TAG_OUTPUT, "output"
             elif ep == EP_EVENT:
                 if len(mv) < EVENT_SIZE:
                     raise usb_error(errno.EOVERFLOW, f"event read of {len(mv)} bytes < 16")
@@ -362,8 +364,7 @@ class SimulatedStick:
                 self._record("bulk_in", ep=ep, length=0, error="timeout")
                 raise usb_error(errno.ETIMEDOUT, f"no {what} data on {ep:#x}")
             mv[:len(got)] = got
-            self._record("bulk_in", ep=ep, tag=tag, length=len(got),
-                         zero_filled=ep == EP_OUTPUT and self.engine.last_read_zero_filled)
+            self._record("bulk_in", ep=ep, tag=tag, length=len(got))
             return len(got)
 
     def intr_read(self, handle, ep: int, buff, timeout_ms) -> int:
