@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import time
@@ -14,11 +15,12 @@ from conftest import random_inputs, shared_model
 import coralrt
 from coralrt import InferenceSession
 from coralrt.compile.native import NativeCompiler
-from coralrt.compile.rules import OpSupport
+from coralrt.compile.rules import OpSupport, OpView
 from coralrt.plugins import hookspecs
 from coralrt.plugins.host import PluginHost, plugin_host
-from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry, OpRegistry
-from coralrt.errors import PluginError, UnsupportedOperatorError
+from coralrt.plugins.registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.errors import ConfigError, PluginError, UnsupportedOperatorError
+from coralrt.runtime.info import OpInfo, StepInfo
 from coralrt.model.builder import ModelBuilder
 from coralrt.sim.stick import SimulatedBackend
 from coralrt.usb.driver import UsbEdgeTpu
@@ -82,6 +84,15 @@ def clamp_model():
     return b.build()
 
 
+def manager(**plugins) -> pluggy.PluginManager:
+    """A plugin manager with the coralrt hooks and only ``plugins`` (by name)."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name, plugin in plugins.items():
+        pm.register(plugin, name)
+    return pm
+
+
 # -- the contract ---------------------------------------------------------------------
 
 
@@ -98,6 +109,21 @@ def test_hookspecs_are_documented():
         for param in inspect.signature(fn).parameters:
             assert f":param {param}:" in doc, f"{name} does not document {param}"
         assert ":returns:" in doc, f"{name} does not document its return value"
+
+
+def test_hookspecs_document_what_plugins_receive():
+    ops = inspect.getdoc(hookspecs.coralrt_register_ops)
+    assert "coralrt.runtime.info.OpInfo" in ops
+    for f in dataclasses.fields(OpInfo):
+        assert f"``{f.name}``" in ops, f"coralrt_register_ops does not document OpInfo.{f.name}"
+    step = inspect.getdoc(hookspecs.coralrt_run_step)
+    assert "coralrt.runtime.info.StepInfo" in step
+    for f in dataclasses.fields(StepInfo):
+        assert f"``{f.name}" in step, f"coralrt_run_step does not document StepInfo.{f.name}"
+    source = inspect.getsource(hookspecs)
+    assert "coralrt.delegate" not in source and "runtime.executor" not in source
+    assert "PluginError" in inspect.getdoc(hookspecs)  # broken entry points
+    assert BUILTIN in inspect.getdoc(hookspecs)        # who wins over whom
 
 
 def test_every_hook_has_a_test_calling_it_through_the_plugin_manager():
@@ -137,10 +163,13 @@ def test_disable_autoload(monkeypatch):
 
 
 def test_hook_coralrt_register_ops():
-    host = PluginHost([SinhPlugin()])
+    plugin = SinhPlugin()
+    host = PluginHost([plugin])
+    kernel = host.ops.kernels["Sinh"]
+    assert kernel.plugin == host.pm.get_name(plugin) and not kernel.builtin
     fresh = OpRegistry()
-    host.pm.hook.coralrt_register_ops(registry=fresh)
-    assert "Sinh" in fresh.kernels
+    host.pm.hook.coralrt_register_ops(registry=fresh.for_plugin("probe"))
+    assert fresh.kernels["Sinh"].plugin == "probe"
     sess = InferenceSession(shared_model("custom_sinh.tflite"), plugins=[SinhPlugin()])
     x = np.linspace(-2, 2, int(np.prod(sess.get_inputs()[0].shape)), dtype=np.float32)
     x = x.reshape(sess.get_inputs()[0].shape)
@@ -163,11 +192,14 @@ def test_hook_coralrt_register_compilers():
         def coralrt_register_compilers(self, registry):
             registry.add(CountingCompiler())
 
-    host = PluginHost([Plugin()])
     fresh = CompilerRegistry()
-    host.pm.hook.coralrt_register_compilers(registry=fresh)
-    assert set(fresh.compilers) == {"counting-native", "coralrt-native"}
-    assert fresh.for_device("sim").id == "counting-native"  # plugins come first
+    pm = manager(counting=Plugin())
+    pm.hook.coralrt_register_compilers(registry=fresh.for_plugin("counting"))
+    assert set(fresh.compilers) == {"counting-native"}
+    assert fresh.plugin_for("sim") == "counting"
+    host = PluginHost([Plugin()])
+    assert set(host.compilers.compilers) >= {"counting-native", "coralrt-native"}
+    assert host.compilers.for_device("sim").id == "counting-native"  # a plugin wins
     sess = InferenceSession(shared_model("split_concat.tflite"), target="sim",
                             plugins=[Plugin()])
     assert CountingCompiler.calls == 1 and sess.compile_info["compiler"].startswith(
@@ -191,10 +223,12 @@ def test_hook_coralrt_register_devices():
         def coralrt_register_devices(self, registry):
             registry.add("sim", factory)
 
-    host = PluginHost([Plugin()])
     fresh = DeviceRegistry()
-    host.pm.hook.coralrt_register_devices(registry=fresh)
-    assert fresh.factories["sim"] is factory
+    pm = manager(recording=Plugin())
+    pm.hook.coralrt_register_devices(registry=fresh.for_plugin("recording"))
+    assert fresh.factories["sim"] is factory and fresh.plugin_for("sim") == "recording"
+    host = PluginHost([Plugin()])
+    assert host.devices.factories["sim"] is factory  # a plugin wins
     sess = InferenceSession(shared_model("split_concat.tflite"), target="sim",
                             plugins=[Plugin()])
     sess.run(random_inputs(sess.get_inputs()))
@@ -231,26 +265,271 @@ def test_hook_coralrt_run_step():
         def coralrt_run_step(self, step, inputs):
             start = time.perf_counter()
             outputs = yield
-            seen.append((step.kind, time.perf_counter() - start))
+            seen.append((step, time.perf_counter() - start))
             return outputs
 
     host = PluginHost([Timer()])
     assert host.wraps_steps
-
-    class Fake:
-        kind, label = "cpu", "fake"
-
-        @staticmethod
-        def run(inputs):
-            return [inputs[0] + 1]
-
-    assert host.pm.hook.coralrt_run_step(step=Fake(), inputs=[1]) == [2]
-    assert seen == [("cpu", pytest.approx(0, abs=1))]
+    step = StepInfo(index=0, kind="cpu", label="fake", operators=(3,), device=None,
+                    run=lambda inputs: [inputs[0] + 1])
+    assert host.pm.hook.coralrt_run_step(step=step, inputs=[1]) == [2]
+    assert host.run_step(step, [1]) == [2]
+    assert len(seen) == 2 and all(s is step for s, _ in seen)
     seen.clear()
     sess = InferenceSession(shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite"),
                             target="sim", plugins=[Timer()])
     sess.run(random_inputs(sess.get_inputs()))
-    assert [k for k, _ in seen] == ["tpu", "cpu", "tpu", "cpu"]
+    steps = [s for s, _ in seen]
+    assert all(isinstance(s, StepInfo) for s in steps)  # not the executor's own Step
+    assert [s.kind for s in steps] == ["tpu", "cpu", "tpu", "cpu"]
+    assert [s.index for s in steps] == [0, 1, 2, 3]
+    assert [s.label for s in steps] == [row["label"] for row in sess.profile()]
+    assert [s.device is not None for s in steps] == [True, False, True, False]
+    assert steps[0].device == sess.device.path
+    assert all(isinstance(s.operators, tuple) and s.operators for s in steps)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        steps[0].kind = "cpu"
+
+
+def test_step_hook_is_skipped_when_only_coralrt_implements_it(monkeypatch):
+    calls = []
+    original = PluginHost.run_step
+    monkeypatch.setattr(PluginHost, "run_step",
+                        lambda self, step, inputs: calls.append(step) or original(
+                            self, step, inputs))
+    assert not PluginHost().wraps_steps
+    assert not PluginHost([SinhPlugin()]).wraps_steps  # other hooks do not count
+    sess = InferenceSession(shared_model("custom_sinh.tflite"), plugins=[SinhPlugin()])
+    sess.run(np.zeros(sess.get_inputs()[0].shape, np.float32))
+    assert calls == []
+
+    class Observer:  # a plain (non-wrapper) implementation also counts
+        @coralrt.hookimpl
+        def coralrt_run_step(self, step, inputs):
+            return None
+
+    assert PluginHost([Observer()]).wraps_steps
+    sess = InferenceSession(shared_model("custom_sinh.tflite"),
+                            plugins=[SinhPlugin(), Observer()])
+    sess.run(np.zeros(sess.get_inputs()[0].shape, np.float32))
+    assert [s.kind for s in calls] == ["plugin"]
+
+
+# -- how registration hooks are called, and which plugin wins ---------------------------
+
+
+def test_registration_hooks_are_called_through_pluggy_once_per_plugin():
+    calls = []
+
+    class Spy:  # wraps every registration hook, as pluggy's tracing would see them
+        @coralrt.hookimpl(wrapper=True)
+        def coralrt_register_ops(self, registry):
+            calls.append(("ops", registry.plugin))
+            return (yield)
+
+        @coralrt.hookimpl(wrapper=True)
+        def coralrt_register_compilers(self, registry):
+            calls.append(("compilers", registry.plugin))
+            return (yield)
+
+        @coralrt.hookimpl(wrapper=True)
+        def coralrt_register_devices(self, registry):
+            calls.append(("devices", registry.plugin))
+            return (yield)
+
+    sinh, clamp = SinhPlugin(), ClampTpuPlugin()
+    host = PluginHost([Spy(), sinh, clamp])
+    names = {p: host.pm.get_name(p) for p in (sinh, clamp)}
+    assert calls == [("ops", names[sinh]), ("ops", names[clamp]),
+                     ("compilers", BUILTIN), ("devices", BUILTIN)]
+    assert host.ops.kernels["Sinh"].plugin == names[sinh]
+    assert host.ops.kernels["Clamp8"].plugin == names[clamp]
+    assert host.ops.tpu_ops["Clamp8"].plugin == names[clamp]
+    assert host.compilers.plugin_for("sim") == host.devices.plugin_for("sim") == BUILTIN
+
+
+def test_registration_hooks_are_traced_by_pluggy(monkeypatch):
+    traced = []
+    real_init = pluggy.PluginManager.__init__
+
+    def traced_init(pm, project):
+        real_init(pm, project)
+        pm.add_hookcall_monitoring(
+            lambda hook, impls, kwargs: traced.append(
+                (hook, [i.plugin_name for i in impls], kwargs.get("registry"))),
+            lambda outcome, hook, impls, kwargs: None)
+
+    monkeypatch.setattr(pluggy.PluginManager, "__init__", traced_init)
+    host = PluginHost([SinhPlugin(), ClampCpuPlugin()])
+    ops = [(impls, registry.plugin) for hook, impls, registry in traced
+           if hook == "coralrt_register_ops"]
+    # One call per plugin, each with only that plugin's implementation.
+    assert ops == [([name], name) for name in host.names if name != BUILTIN]
+    assert ("coralrt_register_devices", [BUILTIN]) in [(h, i) for h, i, _ in traced]
+
+
+@pytest.mark.parametrize("order", [{}, {"tryfirst": True}, {"trylast": True}],
+                         ids=["plain", "tryfirst", "trylast"])
+def test_a_plugin_wins_over_the_builtins_whatever_the_call_order(order):
+    compiler = NativeCompiler()
+    compiler.id = "plugin-native"
+
+    def factory(**options):
+        raise AssertionError("not called")
+
+    class Plugin:
+        @coralrt.hookimpl(**order)
+        def coralrt_register_compilers(self, registry):
+            registry.add(compiler)
+
+        @coralrt.hookimpl(**order)
+        def coralrt_register_devices(self, registry):
+            registry.add("sim", factory)
+
+    host = PluginHost([Plugin()])
+    assert host.compilers.for_device("sim") is compiler
+    assert host.devices.factories["sim"] is factory
+    assert host.compilers.for_device("usb") is not compiler  # only for its runs_on
+
+
+@pytest.mark.parametrize("builtin_first", [True, False])
+def test_registry_precedence_is_not_the_call_order(builtin_first):
+    theirs, ours = NativeCompiler(), NativeCompiler()
+    theirs.id = "theirs"
+
+    def in_order(add, builtin, plugin):
+        calls = [(builtin, BUILTIN), (plugin, "acme")]
+        for value, name in calls if builtin_first else reversed(calls):
+            add(value, name)
+
+    compilers = CompilerRegistry()
+    in_order(lambda c, name: compilers.for_plugin(name).add(c), ours, theirs)
+    assert compilers.for_device("sim") is theirs and compilers.plugin_for("sim") == "acme"
+    devices = DeviceRegistry()
+    in_order(lambda f, name: devices.for_plugin(name).add("sim", f), print, repr)
+    assert devices.factories["sim"] is repr and devices.plugin_for("sim") == "acme"
+    kernels = OpRegistry()
+    in_order(lambda f, name: kernels.for_plugin(name).add_kernel("ADD", f), print, repr)
+    assert kernels.kernels["ADD"].fn is repr and not kernels.kernels["ADD"].builtin
+    tpu = OpRegistry()
+    in_order(lambda s, name: tpu.for_plugin(name).add_tpu_op("ADD", s, clamp_tpu),
+             OpSupport(max_version=9), OpSupport(max_version=1))
+    assert tpu.tpu_ops["ADD"].support.max_version == 1 and tpu.tpu_ops["ADD"].plugin == "acme"
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_two_third_party_plugins_providing_the_same_thing_is_an_error(reverse):
+    compiler = NativeCompiler()
+    compiler.id = "other-native"
+
+    def factory(**options):
+        raise AssertionError("not called")
+
+    def plugin(hook, *args, method="add"):
+        class Plugin:
+            pass
+
+        def impl(self, registry):
+            getattr(registry, method)(*args)
+        impl.__name__ = hook
+        setattr(Plugin, hook, coralrt.hookimpl(impl))
+        return Plugin()
+
+    cases = [
+        ("coralrt_register_ops", ("Sinh", np.sinh), "add_kernel", "a CPU kernel for 'Sinh'"),
+        ("coralrt_register_ops", ("Clamp8", OpSupport(1), clamp_tpu), "add_tpu_op",
+         "Edge TPU support for 'Clamp8'"),
+        ("coralrt_register_compilers", (compiler,), "add", "compiler"),
+        ("coralrt_register_devices", ("sim", factory), "add", "device kind 'sim'"),
+    ]
+    for hook, args, method, what in cases:
+        a, b = plugin(hook, *args, method=method), plugin(hook, *args, method=method)
+        pair = [b, a] if reverse else [a, b]
+        with pytest.raises(ConfigError, match=f"two plugins provide {what}"):
+            PluginHost(pair)
+
+
+def test_compilers_conflict_on_a_shared_device_kind_or_id():
+    first, second, third = NativeCompiler(), NativeCompiler(), NativeCompiler()
+    first.id, second.id, third.id = "a", "b", "a"
+    second.runs_on = ("usb", "sim")
+    third.runs_on = ("tpu-farm",)
+    registry = CompilerRegistry()
+    registry.add(first, plugin="one")
+    with pytest.raises(ConfigError, match=r"a compiler for 'sim' devices \(one and two\)"):
+        registry.add(second, plugin="two")
+    with pytest.raises(ConfigError, match=r"compiler id 'a' \(one and three\)"):
+        registry.add(third, plugin="three")
+    assert registry.for_device("usb") is None  # a refused compiler leaves nothing behind
+    assert registry.compilers == {"a": first}
+
+
+def add_model():
+    """One int8 ADD, which coralrt's rule table maps to the Edge TPU."""
+    b = ModelBuilder()
+    x = b.input("x", (1, 4, 4, 8), np.int8, **Q)
+    y = b.tensor("y", (1, 4, 4, 8), np.int8, **Q)
+    b.op("ADD", [x, x], [y])
+    b.output(y)
+    return b.build()
+
+
+def test_a_plugin_support_rule_replaces_the_builtin_rule():
+    sg = add_model().main
+    view = OpView(sg, sg.operators[0], 0)
+
+    def refuse(v):
+        return "acme refuses ADD"
+
+    ops = OpRegistry()
+    assert ops.rules().check(view) is None  # coralrt's table maps this ADD
+    ops.for_plugin("acme").add_tpu_op("ADD", OpSupport(4, (refuse,)), clamp_tpu)
+    assert ops.rules().check(view) == "acme refuses ADD"
+    # A rule from coralrt's own plugin does not override a third party's either.
+    ops.for_plugin(BUILTIN).add_tpu_op("ADD", OpSupport(4), clamp_tpu)
+    assert ops.rules().check(view) == "acme refuses ADD"
+    assert [name for name, _ in ops.fingerprint()] == ["ADD"]
+
+
+def test_a_plugin_support_rule_replaces_the_builtin_rule_in_a_session():
+    class NoTpuAdd:
+        @coralrt.hookimpl
+        def coralrt_register_ops(self, registry):
+            registry.add_tpu_op("ADD", OpSupport(4, (lambda v: "acme: no ADD",)), clamp_tpu)
+
+    plain = InferenceSession(add_model(), target="sim")
+    assert [s["kind"] for s in plain.profile()] == ["tpu"]
+    refused = InferenceSession(add_model(), target="sim", plugins=[NoTpuAdd()])
+    assert [s["kind"] for s in refused.profile()] == ["cpu"]
+    assert refused.compile_info["placement"][0][2] == "acme: no ADD"
+
+
+def test_a_broken_entry_point_raises_plugin_error(monkeypatch):
+    def broken(self, group, name=None):
+        raise ImportError("No module named 'coralrt_missing'")
+
+    monkeypatch.setattr(pluggy.PluginManager, "load_setuptools_entrypoints", broken)
+    with pytest.raises(PluginError, match="entry-point group 'coralrt'.*coralrt_missing"):
+        PluginHost()
+
+
+def test_plugin_objects_must_be_hashable():
+    @dataclasses.dataclass
+    class Unhashable:  # eq=True makes instances unhashable
+        kind: str = "sim"
+
+        @coralrt.hookimpl
+        def coralrt_register_devices(self, registry):
+            registry.add(self.kind, print)
+
+    @dataclasses.dataclass(eq=False)
+    class Hashable:
+        kind: str = "sim"
+        coralrt_register_devices = Unhashable.coralrt_register_devices
+
+    with pytest.raises(PluginError, match="not hashable"):
+        PluginHost([Unhashable()])
+    assert PluginHost([Hashable()]).devices.factories["sim"] is print
 
 
 # -- the executor with plugin kernels ------------------------------------------------------

@@ -1,11 +1,15 @@
-"""coralrt's own compiler, device and step runner, registered as a plugin."""
+"""coralrt's own compiler, device and step runner, registered as a plugin.
+
+Registered under the name ``coralrt.builtins``
+(:data:`coralrt.plugins.registry.BUILTIN`): any other plugin's compiler,
+device kind, kernel or Edge TPU rule wins over what this one registers.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from coralrt.plugins.hookspecs import hookimpl
-from coralrt.sim.stick.device import simulated_stick
 
 
 log = logging.getLogger("coralrt.plugins")
@@ -42,9 +46,17 @@ def _register_edgetpu_compiler(registry) -> None:
 
 @hookimpl
 def coralrt_register_devices(registry) -> None:
-    registry.add("sim", simulated_stick)
+    registry.add("sim", _simulated_stick)
+
+
+def _simulated_stick(*args, **options):
+    """The ``sim`` kind: :func:`coralrt.sim.stick.device.simulated_stick`, imported
+    when a stick is made (``import coralrt`` must not load the USB driver)."""
+    from coralrt.sim.stick.device import simulated_stick
+    return simulated_stick(*args, **options)
 
 
 @hookimpl
 def coralrt_run_step(step, inputs):
+    # step: a coralrt.runtime.info.StepInfo
     return step.run(inputs)

@@ -8,12 +8,36 @@ entry-point group ``coralrt``::
     [project.entry-points.coralrt]
     sinh = "coralrt_sinh"
 
-or registered explicitly with ``InferenceSession(..., plugins=[obj])``.
-``CORALRT_DISABLE_PLUGIN_AUTOLOAD=1`` turns entry-point loading off.  A
-function marked ``@hookimpl`` whose name is not a hook here is an error at
-load time (a typo never fails silently).  coralrt's own compiler, devices and
-step runner are registered through these same hooks
-(``coralrt/plugins/builtins.py``).
+or registered explicitly with ``InferenceSession(..., plugins=[obj])``; a
+plugin object must be hashable (pluggy keeps plugins in sets: a ``@dataclass``
+plugin needs ``eq=False``).  ``CORALRT_DISABLE_PLUGIN_AUTOLOAD=1`` turns
+entry-point loading off.  An entry point that cannot be loaded (its package
+fails to import, say) raises :class:`coralrt.errors.PluginError` naming the
+group, and so does a function marked ``@hookimpl`` whose name is not a hook
+here (a typo never fails silently) or an explicit plugin pluggy refuses.
+coralrt's own compilers, device kind and step runner are a plugin like any
+other, registered under the name ``coralrt.builtins`` through these same
+hooks (``coralrt/plugins/builtins.py``).
+
+Every hook is called through the plugin manager, so ``wrapper=True``
+implementations and pluggy's tracing see every call.  Each registration hook
+(``coralrt_register_*``) is called once per plugin implementing it, with a
+registry view that records that plugin's name; wrappers see each of those
+calls, and ``registry.plugin`` says whose it is.
+
+Which plugin wins (the same for every registry, whatever the order plugins
+are registered or called in):
+
+- a third-party plugin's CPU kernel, Edge TPU operator, compiler or device
+  kind wins over one from ``coralrt.builtins``; a plugin's Edge TPU support
+  rule for an operator coralrt's rule table already has replaces the table's
+  rule;
+- two third-party plugins (or one plugin twice) providing the same thing is a
+  :class:`coralrt.errors.ConfigError` naming both, raised when the plugins are
+  set up: the same CPU kernel or Edge TPU operator name, the same device kind,
+  or compilers with the same id or a device kind in common in ``runs_on``.
+  Uninstall or leave out one of them (``CORALRT_DISABLE_PLUGIN_AUTOLOAD=1``
+  skips the installed ones).
 
 See docs/plugins.md for a runnable example of each hook.
 """
@@ -25,7 +49,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry, OpRegistry
+    from coralrt.plugins.registry import (
+        CompilerRegistration, DeviceRegistration, OpRegistration,
+    )
+    from coralrt.runtime.info import StepInfo
 
 __all__ = ["PROJECT", "hookspec", "hookimpl"]
 
@@ -36,51 +63,73 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-# -- registration hooks (called once when a plugin manager is set up) ----------------
+# -- registration hooks (called once per plugin when a plugin manager is set up) -------
 
 
 @hookspec
-def coralrt_register_ops(registry: OpRegistry) -> None:
+def coralrt_register_ops(registry: OpRegistration) -> None:
     """Provide operators: CPU kernels and, optionally, Edge TPU support.
 
-    :param registry: call ``registry.add_kernel(op_name, fn)`` to give the CPU a
-        kernel for a custom operator (``op_name`` is its custom code, e.g.
-        ``"Sinh"``) or for a builtin (``"ADD"``; used only when the session is
-        created with ``override_builtins=True``).  ``fn(inputs, op)`` receives
-        the list of input arrays (None for omitted optional inputs) and an
-        :class:`~coralrt.plugins.registry.OpInfo` (``name``, ``options``,
-        ``custom_options`` bytes, ``flex_options`` dict when the custom options
-        are a FlexBuffer map, ``inputs`` and ``outputs`` as ``TensorInfo``) and
-        returns a list of output arrays with the outputs' shapes and dtypes.
+    :param registry: this plugin's view of the operator registry
+        (:class:`coralrt.plugins.registry.OpRegistration`; ``registry.plugin``
+        is the plugin's name).
 
-        Call ``registry.add_tpu_op(op_name, support, kernel_factory)`` to declare
-        the operator Edge TPU-compatible for the simulated device: ``support``
-        is a :class:`coralrt.compile.rules.OpSupport` (its checks decide, per
-        operator, whether it maps), ``kernel_factory`` an integer kernel in the
-        simulated Edge TPU's form (see ``coralrt/sim/kernels/__init__.py``).
+        ``registry.add_kernel(op_name, fn)`` gives the CPU a kernel for a
+        custom operator (``op_name`` is its custom code, e.g. ``"Sinh"``) or
+        for a builtin (``"ADD"``; used only when the session is created with
+        ``override_builtins=True``).  ``fn(inputs, op)`` receives the list of
+        input arrays (None for omitted optional inputs) and a
+        :class:`coralrt.runtime.info.OpInfo`: ``name``, ``options`` (dict of
+        the builtin options), ``custom_options`` (bytes), ``flex_options``
+        (dict when the custom options are a FlexBuffer map, else None),
+        ``inputs`` (``TensorInfo`` or None per input) and ``outputs``
+        (``TensorInfo``), and ``index`` (the operator's index in the compiled
+        model).  It returns a list of output arrays with the outputs' shapes
+        and dtypes (coralrt checks, and raises ``PluginError`` otherwise).
+
+        ``registry.add_tpu_op(op_name, support, kernel_factory)`` declares the
+        operator Edge TPU-compatible for the simulated device: ``support`` is
+        a :class:`coralrt.compile.rules.OpSupport` (its checks decide, per
+        operator, whether it maps; for an operator coralrt's table already
+        has, it replaces coralrt's rule), ``kernel_factory`` an integer kernel
+        in the simulated Edge TPU's form (see ``coralrt/sim/kernels/__init__.py``).
+
+        A kernel or Edge TPU operator wins over one from ``coralrt.builtins``;
+        two other plugins providing the same name raise ``ConfigError``.
     :returns: nothing; all results go through ``registry``.
     """
 
 
 @hookspec
-def coralrt_register_compilers(registry: CompilerRegistry) -> None:
+def coralrt_register_compilers(registry: CompilerRegistration) -> None:
     """Provide compilers that turn a TPU segment into a device program.
 
-    :param registry: call ``registry.add(compiler)`` with an object that has
-        ``id`` (str), ``version`` (str), ``runs_on`` (tuple of device kinds, e.g.
+    :param registry: this plugin's view of the compiler registry
+        (:class:`coralrt.plugins.registry.CompilerRegistration`;
+        ``registry.plugin`` is the plugin's name).  Call
+        ``registry.add(compiler)`` with an object that has ``id`` (str),
+        ``version`` (str), ``runs_on`` (tuple of device kinds, e.g.
         ``("sim",)`` or ``("usb",)``) and ``compile_segment(piece) -> bytes``
         (``piece`` is the segment as a standalone :class:`coralrt.model.Model`).
-        The id and version enter the compile cache key.
+        The id and version enter the compile cache key.  For a device kind,
+        a plugin's compiler wins over coralrt's own (``coralrt-native`` for
+        ``sim``, ``edgetpu_compiler`` for ``usb``); two other plugins with the
+        same id or a device kind in common raise ``ConfigError``.
     :returns: nothing.
     """
 
 
 @hookspec
-def coralrt_register_devices(registry: DeviceRegistry) -> None:
+def coralrt_register_devices(registry: DeviceRegistration) -> None:
     """Provide device kinds.
 
-    :param registry: call ``registry.add(kind, factory)``; ``factory(**options)``
-        returns an unopened :class:`coralrt.runtime.device.EdgeTpuDevice`.
+    :param registry: this plugin's view of the device registry
+        (:class:`coralrt.plugins.registry.DeviceRegistration`;
+        ``registry.plugin`` is the plugin's name).  Call
+        ``registry.add(kind, factory)``; ``factory(**options)`` returns an
+        unopened :class:`coralrt.runtime.device.EdgeTpuDevice`.  A plugin's
+        factory for a kind wins over coralrt's own (``sim``); two other
+        plugins adding the same kind raise ``ConfigError``.
     :returns: nothing.
     """
 
@@ -105,11 +154,11 @@ def coralrt_compile_event(event: dict) -> None:
 
 
 @hookspec(firstresult=True)
-def coralrt_run_step(step, inputs: list) -> list | None:
+def coralrt_run_step(step: StepInfo, inputs: list) -> list | None:
     """Run one step of a program (a TPU segment, a CPU piece or a plugin kernel).
 
-    coralrt's own implementation runs the step.  Plugins wrap it to time or
-    trace steps with ``@coralrt.hookimpl(wrapper=True)``::
+    coralrt's own implementation runs the step (``step.run(inputs)``).  Plugins
+    wrap it to time or trace steps with ``@coralrt.hookimpl(wrapper=True)``::
 
         @coralrt.hookimpl(wrapper=True)
         def coralrt_run_step(step, inputs):
@@ -118,8 +167,18 @@ def coralrt_run_step(step, inputs: list) -> list | None:
             print(step.label, time.perf_counter() - start)
             return outputs
 
-    :param step: a :class:`coralrt.runtime.executor.Step` (``kind`` is
-        ``"tpu"``, ``"cpu"`` or ``"plugin"``; ``label``; ``ops``).
-    :param inputs: the step's input arrays, in order.
+    The hook is called for every step of every inference only while a plugin
+    other than ``coralrt.builtins`` implements it; otherwise coralrt runs the
+    steps directly and the hook costs nothing.
+
+    :param step: a read-only :class:`coralrt.runtime.info.StepInfo`, built
+        once per program: ``index`` (the step's position in its program),
+        ``kind`` (``"tpu"``, ``"cpu"`` or ``"plugin"``), ``label`` (e.g.
+        ``"tpu: segment 0 on sim:0"``), ``operators`` (tuple of the operator
+        indices it runs in the compiled model), ``device`` (the stick's path,
+        e.g. ``"usb:0"``, for ``"tpu"`` steps, else None) and ``run(inputs)``
+        (executes the step and returns its outputs).
+    :param inputs: the step's input arrays, in order (None for omitted
+        optional inputs).
     :returns: the step's output arrays (stops at the first non-None result).
     """

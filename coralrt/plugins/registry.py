@@ -1,62 +1,132 @@
-"""What plugins register: operator kernels and Edge TPU rules, compilers, devices."""
+"""What plugins register: operator kernels and Edge TPU rules, compilers, devices.
+
+Every entry records the plugin that registered it.  Precedence is this
+module's rule, not the order in which pluggy calls the plugins:
+
+- an entry of a third-party plugin wins over one of coralrt's own plugin
+  (:data:`BUILTIN`, ``coralrt/plugins/builtins.py``), whichever came first;
+- two entries of the same rank for the same thing (two third-party plugins,
+  or one plugin twice) are a :class:`~coralrt.errors.ConfigError` naming
+  both plugins.  "The same thing" is an operator name (CPU kernel, Edge TPU
+  operator), a device kind (device factory; a compiler's ``runs_on`` kinds)
+  or a compiler id.
+
+A registration hook receives a *view* of a registry (``registry.for_plugin(name)``),
+whose ``add`` methods record that plugin's name; the host hands each plugin
+its own view (``coralrt/plugins/host.py``).
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coralrt.compile.rules import OpSupport, RuleRegistry, default_rules
 from coralrt.errors import ConfigError
 from coralrt.runtime.info import OpInfo
 
-__all__ = ["OpInfo", "CpuKernel", "OpRegistry", "CompilerRegistry", "DeviceRegistry"]
+__all__ = ["BUILTIN", "UNNAMED", "OpInfo", "CpuKernel", "OpRegistry", "CompilerRegistry",
+           "DeviceRegistry", "OpRegistration", "CompilerRegistration", "DeviceRegistration"]
 
+log = logging.getLogger("coralrt.plugins")
+
+#: The plugin name of coralrt's own plugin; every other plugin wins over it.
+BUILTIN = "coralrt.builtins"
+#: The plugin recorded for entries added without naming one (a registry used
+#: directly rather than through a plugin's view); ranked as a third party.
+UNNAMED = "?"
 
 CpuKernel = Callable[[list, OpInfo], list]
 
 
-@dataclass
+def _prefer(what: str, old, new):
+    """The entry that provides ``what``: ``old`` (None if nothing did) or
+    ``new``.  A third-party entry wins over a built-in one; two of one rank
+    are an error."""
+    if old is None:
+        return new
+    if old.builtin != new.builtin:
+        winner = new if old.builtin else old
+        log.debug("%s: plugin %s wins over coralrt's own", what, winner.plugin)
+        return winner
+    if old.plugin == new.plugin:
+        who = "a registry used without a plugin view" if new.plugin == UNNAMED \
+            else f"plugin {new.plugin}"
+        raise ConfigError(f"{who} provides {what} twice")
+    raise ConfigError(f"two plugins provide {what} ({old.plugin} and {new.plugin}); "
+                      f"uninstall or leave out one of them (CORALRT_DISABLE_PLUGIN_AUTOLOAD=1 "
+                      f"skips the installed ones)")
+
+
+# -- operators -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class _Kernel:
     fn: CpuKernel
     plugin: str
+    builtin: bool
+
+
+@dataclass(frozen=True)
+class _TpuOp:
+    support: OpSupport
+    kernel_factory: Callable
+    plugin: str
+    builtin: bool
 
 
 class OpRegistry:
-    """Operators from plugins: CPU kernels and Edge TPU-compatible operators."""
+    """Operators from plugins: CPU kernels and Edge TPU-compatible operators.
+
+    ``kernels`` and ``tpu_ops`` map an operator name to the entry that won it
+    (see the module docstring); treat them as read-only.
+    """
 
     def __init__(self) -> None:
         self.kernels: dict[str, _Kernel] = {}
-        self.tpu_ops: dict[str, tuple[OpSupport, Callable]] = {}
-        self._current = "?"
+        self.tpu_ops: dict[str, _TpuOp] = {}
 
-    def add_kernel(self, op_name: str, fn: CpuKernel) -> None:
-        """A CPU kernel ``fn(inputs, op) -> outputs`` for ``op_name``."""
+    def for_plugin(self, plugin: str) -> OpRegistration:
+        """The view the ``coralrt_register_ops`` hook of ``plugin`` receives."""
+        return OpRegistration(self, plugin)
+
+    def add_kernel(self, op_name: str, fn: CpuKernel, *, plugin: str = UNNAMED) -> None:
+        """A CPU kernel ``fn(inputs, op) -> outputs`` for ``op_name``, from ``plugin``."""
         if not callable(fn):
             raise ConfigError(f"kernel for {op_name!r} is not callable")
-        if op_name in self.kernels:
-            raise ConfigError(f"two plugins provide a CPU kernel for {op_name!r} "
-                              f"({self.kernels[op_name].plugin} and {self._current})")
-        self.kernels[op_name] = _Kernel(fn, self._current)
+        what = f"a CPU kernel for {op_name!r}"
+        self.kernels[op_name] = _prefer(what, self.kernels.get(op_name),
+                                        _Kernel(fn, plugin, plugin == BUILTIN))
 
-    def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable) -> None:
+    def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable, *,
+                   plugin: str = UNNAMED) -> None:
         """Declare ``op_name`` Edge TPU-compatible (simulated device) with its integer kernel."""
         if not isinstance(support, OpSupport):
             raise ConfigError(f"support for {op_name!r} must be an OpSupport")
-        self.tpu_ops[op_name] = (support, kernel_factory)
+        what = f"Edge TPU support for {op_name!r}"
+        self.tpu_ops[op_name] = _prefer(what, self.tpu_ops.get(op_name),
+                                        _TpuOp(support, kernel_factory, plugin,
+                                               plugin == BUILTIN))
 
     def rules(self) -> RuleRegistry:
-        """The Edge TPU rules with the plugins' operators added."""
+        """coralrt's Edge TPU rules (``default_rules()``) with the plugins' operators:
+        a plugin's support rule for an operator the table already has replaces
+        the table's rule."""
         rules = default_rules()
-        for name, (support, _) in self.tpu_ops.items():
-            rules.add_op(name, support)
+        for name, op in self.tpu_ops.items():
+            if name in rules:
+                log.debug("plugin %s replaces coralrt's Edge TPU rule for %s", op.plugin, name)
+            rules.add_op(name, op.support)  # add_op overwrites the table's entry
         return rules
 
     def sim_kernels(self) -> dict[str, Callable]:
-        return {name: factory for name, (_, factory) in self.tpu_ops.items()}
+        return {name: op.kernel_factory for name, op in self.tpu_ops.items()}
 
     def fingerprint(self) -> list:
         """What changes the partition: plugin TPU operators (part of the cache key)."""
-        return sorted([name, self._describe(s)] for name, (s, _) in self.tpu_ops.items())
+        return sorted([name, self._describe(op.support)] for name, op in self.tpu_ops.items())
 
     @staticmethod
     def _describe(support: OpSupport) -> str:
@@ -64,37 +134,146 @@ class OpRegistry:
         return f"v{support.max_version}:{sorted(support.activations)}:{checks}"
 
 
-@dataclass
-class CompilerRegistry:
-    compilers: dict[str, object] = field(default_factory=dict)
+class OpRegistration:
+    """What a plugin's ``coralrt_register_ops`` hook receives: the registry's
+    ``add`` methods, each entry recorded as ``plugin``'s."""
 
-    def add(self, compiler) -> None:
-        """Register ``compiler``; plugins are asked before the built-ins, so a
-        plugin's compiler for a device kind is preferred to coralrt's own."""
+    def __init__(self, registry: OpRegistry, plugin: str) -> None:
+        self._registry = registry
+        self.plugin = plugin
+
+    def add_kernel(self, op_name: str, fn: CpuKernel) -> None:
+        """A CPU kernel ``fn(inputs, op) -> outputs`` for ``op_name``."""
+        self._registry.add_kernel(op_name, fn, plugin=self.plugin)
+
+    def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable) -> None:
+        """Declare ``op_name`` Edge TPU-compatible (simulated device) with its integer kernel."""
+        self._registry.add_tpu_op(op_name, support, kernel_factory, plugin=self.plugin)
+
+    def __repr__(self) -> str:
+        return f"<OpRegistration for {self.plugin}>"
+
+
+# -- compilers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Compiler:
+    compiler: object
+    plugin: str
+    builtin: bool
+
+
+class CompilerRegistry:
+    """Compilers from plugins, by device kind (see the module docstring for
+    which one wins)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, _Compiler] = {}
+        self._by_kind: dict[str, _Compiler] = {}
+
+    def for_plugin(self, plugin: str) -> CompilerRegistration:
+        """The view the ``coralrt_register_compilers`` hook of ``plugin`` receives."""
+        return CompilerRegistration(self, plugin)
+
+    def add(self, compiler, *, plugin: str = UNNAMED) -> None:
+        """Register ``compiler`` from ``plugin``."""
         for attr in ("id", "version", "runs_on", "compile_segment"):
             if not hasattr(compiler, attr):
                 raise ConfigError(f"compiler {compiler!r} has no {attr!r}")
-        self.compilers.setdefault(compiler.id, compiler)
+        entry = _Compiler(compiler, plugin, plugin == BUILTIN)
+        # Check every conflict before changing anything.
+        by_id = _prefer(f"compiler id {compiler.id!r}", self._by_id.get(compiler.id), entry)
+        by_kind = {kind: _prefer(f"a compiler for {kind!r} devices", self._by_kind.get(kind),
+                                 entry)
+                   for kind in compiler.runs_on}
+        self._by_id[compiler.id] = by_id
+        self._by_kind.update(by_kind)
+
+    @property
+    def compilers(self) -> dict[str, object]:
+        """Compiler id -> compiler (the winning one when two share an id)."""
+        return {cid: e.compiler for cid, e in self._by_id.items()}
 
     def for_device(self, kind: str):
-        """The first registered compiler whose programs run on ``kind`` devices."""
-        for compiler in self.compilers.values():
-            if kind in compiler.runs_on:
-                return compiler
-        return None
+        """The compiler whose programs run on ``kind`` devices, or None: a
+        third-party plugin's when one provides it, else coralrt's own."""
+        entry = self._by_kind.get(kind)
+        return entry.compiler if entry is not None else None
+
+    def plugin_for(self, kind: str) -> str | None:
+        """The name of the plugin whose compiler :meth:`for_device` returns for ``kind``."""
+        entry = self._by_kind.get(kind)
+        return entry.plugin if entry is not None else None
 
 
-@dataclass
+class CompilerRegistration:
+    """What a plugin's ``coralrt_register_compilers`` hook receives."""
+
+    def __init__(self, registry: CompilerRegistry, plugin: str) -> None:
+        self._registry = registry
+        self.plugin = plugin
+
+    def add(self, compiler) -> None:
+        """Register ``compiler`` (``id``, ``version``, ``runs_on``, ``compile_segment``)."""
+        self._registry.add(compiler, plugin=self.plugin)
+
+    def __repr__(self) -> str:
+        return f"<CompilerRegistration for {self.plugin}>"
+
+
+# -- devices ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Device:
+    factory: Callable
+    plugin: str
+    builtin: bool
+
+
 class DeviceRegistry:
-    factories: dict[str, Callable] = field(default_factory=dict)
+    """Device kinds from plugins (see the module docstring for which one wins)."""
 
-    def add(self, kind: str, factory: Callable) -> None:
-        """Register a device kind; the first registration of a kind wins (plugins
-        are asked before the built-ins)."""
-        self.factories.setdefault(kind, factory)
+    def __init__(self) -> None:
+        self._kinds: dict[str, _Device] = {}
+
+    def for_plugin(self, plugin: str) -> DeviceRegistration:
+        """The view the ``coralrt_register_devices`` hook of ``plugin`` receives."""
+        return DeviceRegistration(self, plugin)
+
+    def add(self, kind: str, factory: Callable, *, plugin: str = UNNAMED) -> None:
+        """Register device kind ``kind`` from ``plugin``."""
+        self._kinds[kind] = _prefer(f"device kind {kind!r}", self._kinds.get(kind),
+                                    _Device(factory, plugin, plugin == BUILTIN))
+
+    @property
+    def factories(self) -> dict[str, Callable]:
+        """Device kind -> the factory that won it."""
+        return {kind: e.factory for kind, e in self._kinds.items()}
+
+    def plugin_for(self, kind: str) -> str | None:
+        """The name of the plugin whose factory :meth:`create` uses for ``kind``."""
+        entry = self._kinds.get(kind)
+        return entry.plugin if entry is not None else None
 
     def create(self, kind: str, **options):
-        factory = self.factories.get(kind)
-        if factory is None:
-            raise ConfigError(f"no device kind {kind!r}; known: {sorted(self.factories)}")
-        return factory(**options)
+        entry = self._kinds.get(kind)
+        if entry is None:
+            raise ConfigError(f"no device kind {kind!r}; known: {sorted(self._kinds)}")
+        return entry.factory(**options)
+
+
+class DeviceRegistration:
+    """What a plugin's ``coralrt_register_devices`` hook receives."""
+
+    def __init__(self, registry: DeviceRegistry, plugin: str) -> None:
+        self._registry = registry
+        self.plugin = plugin
+
+    def add(self, kind: str, factory: Callable) -> None:
+        """Register device kind ``kind``; ``factory(**options)`` returns an unopened device."""
+        self._registry.add(kind, factory, plugin=self.plugin)
+
+    def __repr__(self) -> str:
+        return f"<DeviceRegistration for {self.plugin}>"
