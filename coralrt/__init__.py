@@ -3,25 +3,49 @@
     from coralrt import InferenceSession
     sess = InferenceSession("model.tflite", target="cpu")
     outputs = sess.run({"input": image})
+
+The public facade: the session, the model layer's entry points, tensor
+descriptions, the plugin marker, and (imported on first use, since they pull
+in the USB driver and the compile cache) ``open_device``, ``list_devices``,
+``EdgeTpuDevice`` and ``CompileCache``.
 """
 
 from __future__ import annotations
 
-from coralrt.plugins.hookspecs import hookimpl
+import importlib
+
 from coralrt.errors import CoralRTError
 from coralrt.model import Model, load_model
+from coralrt.plugins.hookspecs import hookimpl
 from coralrt.session import TARGETS, InferenceSession
 from coralrt.tensors import TensorInfo, dequantize, quantize
 
 __all__ = [
     "InferenceSession", "TARGETS", "TensorInfo", "Model", "load_model", "quantize",
-    "dequantize", "CoralRTError", "hookimpl", "__version__",
+    "dequantize", "CoralRTError", "hookimpl", "open_device", "list_devices",
+    "EdgeTpuDevice", "CompileCache", "__version__",
 ]
+
+# name -> module that defines it; imported when first asked for.
+_LAZY = {
+    "open_device": "coralrt.usb",
+    "list_devices": "coralrt.usb",
+    "EdgeTpuDevice": "coralrt.runtime.device",
+    "CompileCache": "coralrt.compile.cache",
+}
 
 
 def __getattr__(name: str):
-    # Computed lazily: importlib.metadata is slow to import.
-    if name == "__version__":
+    if name == "__version__":   # importlib.metadata is slow to import
         from coralrt.version import version
         return version()
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'coralrt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

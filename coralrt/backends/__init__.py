@@ -3,6 +3,14 @@
 >>> backend = get_backend()            # "litert" if installed, else "tflite_runtime"
 >>> program = backend.load(model_bytes, kernels="reference")
 >>> outputs = program.run([x])
+
+``base.py`` holds the :class:`CpuBackend` interface and :class:`CpuProgram`
+(a :class:`~coralrt.runtime.program.Program`); ``litert.py`` the LiteRT
+(``ai_edge_litert``) and ``tflite_runtime`` backends and the one function
+that translates their errors.
+
+May import (layer 8): errors, version, config, fileio, model, tensors,
+formats, compile, sim (not sim.stick), runtime.
 """
 
 from __future__ import annotations

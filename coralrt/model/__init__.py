@@ -1,4 +1,14 @@
-"""The TFLite model layer: read, validate, write and cut ``.tflite`` files."""
+"""The TFLite model layer: read, validate, write and cut ``.tflite`` files.
+
+``_schema.py`` is the TFLite schema as a table and ``flatbuf.py`` the
+bounds-checked flatbuffer codec driven by it; ``reader.py`` and
+``writer.py`` turn bytes into a :class:`Model` and back; ``validate.py``,
+``op_checks.py`` and ``custom_options.py`` check a model before any native
+library sees it; ``extract.py`` cuts sub-models; ``builder.py`` builds
+models in code.  See docs/model-layer.md.
+
+May import (layer 2): errors, formats.opnames, version, config, fileio.
+"""
 
 from coralrt.model.reader import load_model, read_bytes
 from coralrt.model.types import (
