@@ -26,7 +26,7 @@ from coralrt.compile.edgetpu_compiler import (
     CompiledSegment, EdgeTpuCompiler, find_compiler, parse_log, parse_version,
 )
 from coralrt.compile.jit import jit_compile
-from coralrt.compile.native import compile_model
+from coralrt.compile.driver import compile_model
 from coralrt.compile.partition import partition, plan_from_groups
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
 from coralrt.plugins import builtins
@@ -532,3 +532,34 @@ def test_compile_command_with_edgetpu_compiler(tmp_path, env, fake, capsys):
     assert main(["compile", str(shared_model("mobilenet_v1_0.25_128_quant.tflite")), "-o",
                  str(tmp_path / "x.tflite"), "--compiler", "edgetpu_compiler"]) == 1
     plugins.reset()
+
+
+def test_target_coral_parses_a_plain_model_once(fake, env, fresh_plugins, monkeypatch,
+                                               tmp_path):
+    # The session reads the source to see whether it is compiled already; the
+    # JIT compiles that same parse on a miss, and keeps the model it builds.
+    from support.sim import dwn1_backend
+
+    from coralrt import InferenceSession
+    from coralrt.compile.cache import CompileCache
+    from coralrt.model import reader
+    from coralrt.usb import open_device
+
+    source = shared_model(f"{DEEPLAB}.tflite").read_bytes()
+    parsed = []    # parses of the source (edgetpu_compiler's own outputs are parsed too)
+    real = reader.validate
+    monkeypatch.setattr(reader, "validate", lambda m: (
+        parsed.append(m) if m.source is not None and bytes(m.source) == source else None,
+        real(m))[1])
+    env.setenv("PATH", str(fake.parent))
+    cache = CompileCache(tmp_path / "cache")
+    with open_device(None, dwn1_backend(lock_scope="process")) as stick:
+        session = InferenceSession(shared_model(f"{DEEPLAB}.tflite"), target="coral",
+                                   device=stick, cache=cache)
+        assert session.compile_info["cache_hit"] is False
+        assert len(parsed) == 1
+        parsed.clear()
+        session = InferenceSession(shared_model(f"{DEEPLAB}.tflite"), target="coral",
+                                   device=stick, cache=cache)
+        # A hit: the source once, to see that it is a plain model.
+        assert session.compile_info["cache_hit"] is True and len(parsed) == 1

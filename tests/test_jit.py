@@ -9,15 +9,16 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
-from conftest import REPO_ROOT, shared_model
+from conftest import REPO_ROOT, random_inputs, shared_model
 
 from coralrt import InferenceSession
 from coralrt.cli.main import main
 from coralrt.formats import segment_codec as seg_format
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.compile.native import compile_model
+from coralrt.compile.driver import compile_model
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.errors import ModelError, UnsupportedOperatorError
 from coralrt.model import load_model
@@ -206,3 +207,28 @@ def test_segments_whose_activations_overflow_the_chip_are_split():
     assert result.plan.ops[0].reason.startswith(UNSPECIFIED_LIMITATION)
     assert "on-chip memory" in result.plan.ops[0].reason
     assert load_model(result.to_bytes())  # a valid compiled model
+
+
+def test_sim_session_parses_the_source_once_and_keeps_the_model_it_compiled(
+        monkeypatch, tmp_path):
+    from coralrt import InferenceSession
+    from coralrt.model import reader
+
+    parsed = []
+    real = reader.validate
+    monkeypatch.setattr(reader, "validate", lambda m: (parsed.append(m), real(m))[1])
+    cache = CompileCache(tmp_path)
+    path = shared_model("mobilenet_v1_0.25_128_quant.tflite")
+    first = InferenceSession(path, target="sim", cache=cache)
+    # The miss parses the source once; the compiled model is used as built, not read back.
+    assert first.compile_info["cache_hit"] is False and len(parsed) == 1
+    parsed.clear()
+    second = InferenceSession(path, target="sim", cache=cache)
+    # The hit parses only the cached compiled model, never the source.
+    assert second.compile_info["cache_hit"] is True and len(parsed) == 1
+    assert parsed[0].main.operators[0].name == "coralrt-segment"
+    x = random_inputs(first.get_inputs(), seed=4)
+    for name, value in first.run(x).items():
+        np.testing.assert_array_equal(value, second.run(x)[name])
+    first.close()
+    second.close()

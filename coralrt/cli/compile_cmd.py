@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from coralrt.compile.native import compile_log, compile_model
+from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt.compile.driver import compile_log, compile_model
 from coralrt.compile.partition import MODES
 from coralrt.fileio import atomic_write
 from coralrt.model import load_model
@@ -49,7 +50,6 @@ def command(args) -> int:
     log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), args.mode)
     compiler = None
     if args.compiler == "edgetpu_compiler":
-        from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
         compiler = EdgeTpuCompiler()  # CompilerUnavailableError names how to get it
     result = compile_model(model, mode=args.mode, compiler=compiler)
     data = result.to_bytes()

@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from coralrt.cli._text import dumps, shape_str, size_str, table
+from coralrt.errors import ExecutableError
+from coralrt.formats.dwn1 import describe, parse_package
 from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.model import Model, load_model
 from coralrt.tensors import TensorInfo
@@ -49,9 +51,6 @@ def _parameter_bytes(model: Model) -> int:
 
 def _edgetpu_report(model: Model) -> list[dict]:
     """One entry per ``edgetpu-custom-op``: its DWN1 package, or the reason it is unreadable."""
-    from coralrt.errors import ExecutableError
-    from coralrt.formats.dwn1 import describe, parse_package
-
     out = []
     for si, g in enumerate(model.subgraphs):
         for oi, op in enumerate(g.operators):

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from coralrt.fileio import atomic_write
+from coralrt.model import read_bytes
 
 __all__ = ["model_digest"]
 
@@ -55,7 +56,6 @@ def model_digest(source, index_dir: Path | None) -> tuple[str, bytes | None]:
 
 
 def _hash_file(path: Path) -> tuple[str, bytes]:
-    from coralrt.model import read_bytes
     data = read_bytes(path)
     return hashlib.sha256(data).hexdigest(), data
 

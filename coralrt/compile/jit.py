@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from coralrt.compile.cache import CompileCache, make_key
 from coralrt.compile.digest import model_digest
-from coralrt.compile.native import NativeCompiler, compile_model
+from coralrt.compile.driver import compile_model
+from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES
 from coralrt.compile.rules import RULES_VERSION
 from coralrt.errors import ConfigError, ModelError

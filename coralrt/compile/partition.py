@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from coralrt.compile.costs import CostModel, op_macs
+from coralrt.errors import ConfigError
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, OpView, RuleRegistry, default_rules
 from coralrt.model.extract import boundary
 from coralrt.model.types import Model, Subgraph
@@ -85,7 +86,6 @@ def _parameter_bytes(sg: Subgraph, ops) -> int:
 def partition(model: Model, mode: str = "multi", *, rules: RuleRegistry | None = None,
               costs: CostModel | None = None) -> PartitionPlan:
     if mode not in MODES:
-        from coralrt.errors import ConfigError
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
     rules = rules or default_rules()
     costs = costs or CostModel()

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from coralrt.errors import CoralRTError
 from coralrt.plugins.hookspecs import hookimpl
 
+# The compilers and the simulated stick are imported when the hooks run, not
+# with this module: `import coralrt` must not load the compiler or the USB
+# driver (about 100 ms), which the cpu target never uses.
 
 log = logging.getLogger("coralrt.plugins")
 
@@ -25,7 +29,6 @@ def coralrt_register_compilers(registry) -> None:
 def _register_edgetpu_compiler(registry) -> None:
     """edgetpu_compiler, for ``usb`` sticks, when a binary is installed (and answers)."""
     from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler, find_compiler
-    from coralrt.errors import CoralRTError
     try:
         path = find_compiler()
     except CoralRTError as e:  # CORALRT_EDGETPU_COMPILER names no executable

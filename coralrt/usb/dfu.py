@@ -30,10 +30,13 @@ _MAX_POLL_SLEEP = 1.0   # seconds: never trust a huge bwPollTimeout blindly
 
 def get_status(t: Transport) -> tuple[int, int, int]:
     """(bStatus, bwPollTimeout in ms, bState) from DFU_GETSTATUS."""
-    data = t.ctrl_in(C.DFU_IN, C.DFU_GETSTATUS, 0, C.ML_INTERFACE, 6, "DFU GETSTATUS")
-    if len(data) != 6:
-        raise FirmwareError(f"DFU GETSTATUS returned {len(data)} bytes, not 6", path=t.path)
-    return data[0], int.from_bytes(data[1:4], "little"), data[4]
+    data = t.ctrl_in(C.DFU_IN, C.DFU_GETSTATUS, 0, C.ML_INTERFACE, C.DFU_STATUS.size,
+                     "DFU GETSTATUS")
+    if len(data) != C.DFU_STATUS.size:
+        raise FirmwareError(f"DFU GETSTATUS returned {len(data)} bytes, not "
+                            f"{C.DFU_STATUS.size}", path=t.path)
+    status, poll_ms, state, _ = C.DFU_STATUS.unpack(bytes(data))
+    return status, int.from_bytes(poll_ms, "little"), state
 
 
 def _state_name(state: int) -> str:
@@ -80,7 +83,7 @@ def download(t: Transport, image: bytes, *, block_size: int = C.DFU_BLOCK_SIZE) 
         block += 1
     t.ctrl_out(C.DFU_OUT, C.DFU_DNLOAD, block & 0xFFFF, C.ML_INTERFACE, b"",
                "DFU DNLOAD (zero-length end)")
-    _wait_state(t, (C.DFU_STATE_IDLE, 8), "the end of the download")
+    _wait_state(t, (C.DFU_STATE_IDLE, C.DFU_STATE_MANIFEST_WAIT_RESET), "the end of the download")
     log.debug("%s: firmware downloaded (%d bytes, %d blocks)", t.path, len(image), block)
     return block
 

@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 
 from coralrt.formats import segment_codec as seg_codec
+from coralrt.formats.dwn1 import parse_package, select_executables
 from coralrt.errors import ExecutableError
 from coralrt.model.types import numpy_dtype
 from coralrt.usb import constants as C
@@ -44,7 +45,6 @@ class ExecutableProgram:
     kind = "dwn1"
 
     def __init__(self, data: memoryview):
-        from coralrt.formats.dwn1 import parse_package, select_executables
         self.data = data
         self.package = parse_package(data)
         self.cache, self.exe = select_executables(self.package)

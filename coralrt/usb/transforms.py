@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from coralrt.errors import ExecutableError, InputError
+
 __all__ = ["xor_sign", "InputStager", "OutputDecoder", "relayout_index", "clamp_classifier",
            "element_size"]
 
@@ -65,7 +67,6 @@ class InputStager:
         raw = arr.reshape(-1).view(np.uint8) if arr.flags.c_contiguous else \
             np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         if raw.size != self.nbytes:
-            from coralrt.errors import InputError
             raise InputError(f"input {self.layer.name!r} has {raw.size} bytes "
                              f"({arr.dtype}{list(arr.shape)}); the executable expects "
                              f"{self.nbytes} ({self.layer.dtype}{list(self.layer.shape)})")
@@ -118,7 +119,6 @@ def _slices_index(layer, slices) -> np.ndarray:
             local = local + (np.arange(extent, dtype=np.int64) * st).reshape(view)
         out[full[sel].reshape(-1)] = (s.offset // es + local).reshape(-1)
     if (out < 0).any():
-        from coralrt.errors import ExecutableError
         raise ExecutableError(f"output {layer.name!r}: its shape slices do not cover the tensor")
     return out
 

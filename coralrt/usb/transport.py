@@ -31,7 +31,8 @@ PERMISSION_HINT = (
     "again) and replug the stick")
 
 # libusb error codes, for backends that set error_code but no errno.
-_LIBUSB_ERRNO = {-1: _errno.EIO, -2: _errno.EINVAL, -3: _errno.EACCES, -4: _errno.ENODEV,
+#: libusb error code -> errno (libusb.h's LIBUSB_ERROR_* values).
+LIBUSB_ERRNO = {-1: _errno.EIO, -2: _errno.EINVAL, -3: _errno.EACCES, -4: _errno.ENODEV,
                  -5: _errno.ENOENT, -6: _errno.EBUSY, -7: _errno.ETIMEDOUT,
                  -8: _errno.EOVERFLOW, -9: _errno.EPIPE, -10: _errno.EINTR}
 
@@ -42,7 +43,7 @@ def _errno_of(exc: BaseException) -> int | None:
     code = getattr(exc, "errno", None)
     if code:
         return code
-    return _LIBUSB_ERRNO.get(getattr(exc, "backend_error_code", None))
+    return LIBUSB_ERRNO.get(getattr(exc, "backend_error_code", None))
 
 
 def translate_error(exc: BaseException, what: str, *, path: str | None = None,

@@ -34,6 +34,7 @@ from coralrt.usb.constants import (
     RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL, TAG_OUTPUT,
 )
 from coralrt.sim.stick.bulk import BulkEngine
+from coralrt.usb.transport import LIBUSB_ERRNO
 from coralrt.sim.stick.dfu import REQUEST_NAMES, DfuMachine, DfuStall
 from coralrt.sim.stick.registers import RegisterFile
 
@@ -41,20 +42,21 @@ __all__ = ["SimulatedStick", "usb_error"]
 
 log = logging.getLogger("coralrt.usb")
 
-_LIBUSB = {  # errno -> (libusb code, libusb message)
-    errno.ETIMEDOUT: (-7, "Operation timed out"),
-    errno.EPIPE: (-9, "Pipe error"),
-    errno.ENODEV: (-4, "No such device (it may have been disconnected)"),
-    errno.EBUSY: (-6, "Resource busy"),
-    errno.ENOENT: (-5, "Entity not found"),
-    errno.EOVERFLOW: (-8, "Overflow"),
-    errno.EINVAL: (-2, "Invalid parameter"),
+_LIBUSB_CODE = {e: code for code, e in LIBUSB_ERRNO.items()}   # errno -> libusb code
+_LIBUSB_TEXT = {  # errno -> the message libusb gives
+    errno.ETIMEDOUT: "Operation timed out",
+    errno.EPIPE: "Pipe error",
+    errno.ENODEV: "No such device (it may have been disconnected)",
+    errno.EBUSY: "Resource busy",
+    errno.ENOENT: "Entity not found",
+    errno.EOVERFLOW: "Overflow",
+    errno.EINVAL: "Invalid parameter",
 }
 
 
 def usb_error(code: int, detail: str = "") -> usb.core.USBError:
     """The exception pyusb's libusb1 backend raises for ``code`` (an errno value)."""
-    lib, text = _LIBUSB[code]
+    lib, text = _LIBUSB_CODE[code], _LIBUSB_TEXT[code]
     cls = usb.core.USBTimeoutError if code == errno.ETIMEDOUT else usb.core.USBError
     return cls(f"{text} [simulated: {detail}]" if detail else text, lib, code)
 
