@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test bench clean
+.PHONY: $(VENV) venv demo test bench fuzz clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,16 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) -m pytest tests/bench --benchmark-only -q
+
+# A longer model-fuzzing campaign than the one in `make test` (about 5 min on 2
+# cores): byte flips and operator rewiring on the CPU target, then rewiring on
+# the simulated Edge TPU.  FUZZ_SEED picks the cases; crashes are saved in FUZZ_SAVE.
+FUZZ_SEED ?= 0
+FUZZ_SAVE ?= /tmp/coralrt-fuzz
+fuzz: $(STAMP)
+	$(VPY) tools/fuzz_models.py --cases 20000 --seed $(FUZZ_SEED) --save $(FUZZ_SAVE)
+	$(VPY) tools/fuzz_models.py --cases 5000 --seed $(FUZZ_SEED) --kinds minus_one,swap \
+		--target sim --save $(FUZZ_SAVE)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .benchmarks

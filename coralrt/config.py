@@ -32,7 +32,10 @@ variable                                meaning
                                         of each lock's holder); default: the platform's
                                         user runtime folder for ``coralrt`` (from
                                         platformdirs, ``$XDG_RUNTIME_DIR/coralrt`` on
-                                        Linux), else ``<temp dir>/coralrt-<uid>``
+                                        Linux), else ``<temp dir>/coralrt-<uid>``; it
+                                        must be a directory (not a symbolic link) the
+                                        user owns and only the user can write to
+                                        (:func:`coralrt.usb.lock.lock_dir` checks)
 ======================================  ==================================================
 
 An empty value (``CORALRT_CACHE_DIR= coralrt ...``) counts as unset.
@@ -182,7 +185,9 @@ def edgetpu_compiler_timeout() -> float:
 
 
 def runtime_dir() -> Path:
-    """Folder of the per-stick lock files (not created here).
+    """Folder of the per-stick lock files (not created or checked here: that is
+    :func:`coralrt.usb.lock.lock_dir`, which makes it 0700 and refuses one that is a
+    symbolic link, another user's, or writable by others).
 
     ``CORALRT_RUNTIME_DIR`` if set, else ``platformdirs.user_runtime_dir("coralrt")``
     (without its warning when there is no ``XDG_RUNTIME_DIR``), else, when

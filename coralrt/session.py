@@ -62,7 +62,9 @@ class InferenceSession:
     provides.  ``run`` is safe to call from several threads; calls are
     serialized per session, except with ``device=[...]`` (several sticks),
     where the Edge TPU segments are pipelined over the sticks and concurrent
-    callers overlap (see docs/multi-stick.md).
+    callers overlap (see docs/multi-stick.md).  A run interrupted in the
+    middle of a transfer (Ctrl-C included) never makes a later run wrong: the
+    stick is reset before the next one (see :meth:`reset` and docs/usb.md).
     """
 
     def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
@@ -129,6 +131,17 @@ class InferenceSession:
         ``inputs`` is a dict by input name, a list in input order, or one
         array for a one-input model.  ``outputs`` restricts the result to
         these output names, in that order.
+
+        Each array must have the input's dtype and shape (a dynamic dimension,
+        -1 in the signature, takes any size); nothing is cast silently.  One
+        exception: an array of the input's type in the other byte order (for
+        example ``">f4"``, read from a big-endian file, for a float32 input)
+        is converted with a byte-swapping copy and gives the same outputs as
+        the native-order array; native-order arrays are passed on uncopied.
+        Python numbers and lists of them take the input's dtype when every
+        value fits.  A wrong dtype or shape, a value that does not fit, and
+        ``None`` (alone or inside a list) raise
+        :class:`~coralrt.errors.InputError` naming the input.
         """
         arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
         program = self._program
@@ -179,6 +192,24 @@ class InferenceSession:
         inner.add_done_callback(done)
         return outer
 
+    def reset(self) -> None:
+        """Bring every stick of this session back in step with the host: reset it
+        and bring it up again on the same port (what closing and opening it do).
+
+        ``run`` does this by itself for a stick that an exception (Ctrl-C, a
+        timeout raised in the calling thread ...) left in the middle of a
+        transfer; ``reset`` does it on request, and also recovers a stick that
+        a transfer error left failed.  The session stays usable: programs stay
+        loaded and their parameters are uploaded again on the next run.  On
+        the ``cpu`` target there is nothing to reset.  Raises
+        :class:`~coralrt.errors.DeviceError` when a stick cannot be brought
+        back (unplugged, closed); a stick left out of step tries again on the
+        next ``run``.
+        """
+        with self._program.lock:        # not in the middle of this session's run
+            for device in self.devices:
+                device.reset()
+
     def close(self) -> None:
         """Stop a pipeline and close the sticks this session opened (idempotent)."""
         self._program.close()
@@ -224,13 +255,18 @@ class InferenceSession:
         if not isinstance(value, np.ndarray):
             value = _coerce(info, value)
         if value.dtype != info.dtype:
-            hint = ""
-            if info.is_quantized and value.dtype.kind == "f":
-                hint = (f"; this input is quantized (scale {info.quantization[0]:g}, zero point "
-                        f"{info.quantization[1]}): convert with "
-                        f"session.get_inputs()[i].quantize(x)")
-            raise InputError(f"input {info.name!r} expects dtype {info.dtype.name}, got "
-                             f"{value.dtype.name}{hint}")
+            if not value.dtype.isnative and value.dtype.newbyteorder("=") == info.dtype:
+                # Same type, other byte order (a big-endian file): byte-swap
+                # into a copy.  Off the common path, which stays one comparison.
+                value = value.astype(info.dtype)
+            else:
+                hint = ""
+                if info.is_quantized and value.dtype.kind == "f":
+                    hint = (f"; this input is quantized (scale {info.quantization[0]:g}, zero "
+                            f"point {info.quantization[1]}): convert with "
+                            f"session.get_inputs()[i].quantize(x)")
+                raise InputError(f"input {info.name!r} expects dtype {info.dtype.name}, got "
+                                 f"{value.dtype.name}{hint}")
         if value.shape != info.shape:
             sig = info.shape_signature
             if not (len(value.shape) == len(sig)
@@ -248,12 +284,20 @@ class InferenceSession:
 def _coerce(info: TensorInfo, value) -> np.ndarray:
     # Python scalars and lists carry no dtype of their own: take the input's,
     # but only when no value changes on the way.
+    if value is None:
+        raise InputError(f"input {info.name!r} is None; pass a {info.dtype.name} array of "
+                         f"shape {list(info.shape)}")
     try:
         arr = np.asarray(value)
-        cast = arr.astype(info.dtype)
+        # astype would turn a None inside a list into NaN for a float input.
+        holds_none = arr.dtype.kind == "O" and any(v is None for v in arr.flat)
+        cast = None if holds_none else arr.astype(info.dtype)
     except (TypeError, ValueError) as e:
         raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
                          f"{type(value).__name__} ({e})") from None
+    if holds_none:
+        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
+                         f"{type(value).__name__} holding None")
     if arr.dtype.kind in "iufb" and not np.array_equal(cast, arr):
         raise InputError(f"input {info.name!r}: values do not fit dtype {info.dtype.name}")
     return cast

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from coralrt.backends.base import CpuBackend
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt.model import Model, load_model
+from coralrt.model.fixups import with_explicit_biases
 from coralrt.plugins.host import PluginHost
 from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.runtime.executor import build_program
@@ -87,8 +88,13 @@ def prepare_cpu(source, o: Options, parsed: Model | None = None) -> Prepared:
                                                          or o.override_builtins)
                                  for op in model.main.operators):
         return Prepared(model, _program(model, [], o, False), [])
-    # A Model given by the caller may have been edited since it was read.
-    data = model.to_bytes() if isinstance(source, Model) else model.source
+    # A Model given by the caller may have been edited since it was read; a model
+    # the backend would crash on gets the rewrite that avoids it (model/fixups.py).
+    fixed = with_explicit_biases(model)
+    if fixed is not None:
+        data = fixed.to_bytes()
+    else:
+        data = model.to_bytes() if isinstance(source, Model) else model.source
     program = o.backend.load(data, num_threads=o.num_threads, kernels=o.cpu_kernels)
     program.operators = len(model.main.operators)
     return Prepared(model, program, [])

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
-from conftest import MODELS_DIR, model_params, shared_model
+from conftest import MODELS_DIR, REPO_ROOT, model_params, shared_model
 
 import coralrt
 from coralrt import InferenceSession, TensorInfo
 from coralrt.cli.main import main
 from coralrt.cli.run_cmd import random_input
 from coralrt.cli.demo_model import build_demo_model, demo_input
+from coralrt.formats.opnames import SEGMENT_OP
+from coralrt.model import load_model
 from coralrt.model.builder import ModelBuilder
 
 MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"
@@ -205,6 +209,91 @@ def test_compiled_model_on_cpu_is_refused(capsys):
     code, _, err = cli(capsys, "run", path)
     assert code == 1
     assert_one_line_error(err, "edgetpu_compiler")
+
+
+# -- compile -------------------------------------------------------------------
+
+# A process that runs `coralrt compile ARGS` RUNS times, starting at a start
+# line (a file) after its imports, so that two of them write together; its exit
+# status is the number of runs that failed.
+_COMPILE_WORKER = """
+import sys, time
+from pathlib import Path
+from coralrt.cli.main import main
+line, name, runs, argv = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+(line / f"ready-{name}").touch()
+while not (line / "go").exists():
+    time.sleep(0.001)
+sys.exit(sum(main(argv) != 0 for _ in range(runs)))    # how many runs failed
+"""
+
+
+def test_concurrent_compiles_to_one_output_leave_one_complete_model(tmp_path, capsys):
+    src = shared_model(MOBILENET)
+    out_dir = tmp_path / "out"
+    out = out_dir / "m_coralrt.tflite"
+    code, _, err = cli(capsys, "compile", src, "-o", out)          # the expected bytes
+    assert code == 0, err
+    want = out.read_bytes()
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CORALRT_CACHE_DIR=str(tmp_path / "cache"))
+    for round_ in range(2):
+        line = tmp_path / f"round{round_}"
+        line.mkdir()
+        procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_WORKER, str(line), str(i), "25",
+                                   "compile", str(src), "-o", str(out), "--force"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env) for i in range(2)]
+        deadline = time.monotonic() + 120
+        while len(list(line.glob("ready-*"))) < 2 and time.monotonic() < deadline \
+                and all(p.poll() is None for p in procs):
+            time.sleep(0.005)
+        (line / "go").touch()
+        seen = []                   # what a reader finds at OUT while both write
+        while any(p.poll() is None for p in procs):
+            seen.append(out.read_bytes() == want)
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+        assert all(seen), f"round {round_}: {seen.count(False)} of {len(seen)} reads incomplete"
+        assert not out.is_symlink() and out.read_bytes() == want, f"round {round_}"
+        load_model(out)
+        assert "Number of Edge TPU subgraphs: 1" in out.with_suffix(".log").read_text()
+        assert sorted(f.name for f in out_dir.iterdir()) == ["m_coralrt.log",
+                                                             "m_coralrt.tflite"]
+
+
+def test_compile_does_not_write_through_a_symlink_at_the_old_temporary_name(tmp_path, capsys):
+    src = shared_model(MOBILENET)
+    out = tmp_path / "out" / "m_coralrt.tflite"
+    out.parent.mkdir()
+    victim, victim_log = tmp_path / "victim", tmp_path / "victim.log"
+    victim.write_bytes(b"not yours")
+    victim_log.write_bytes(b"not yours either")
+    # The old code wrote OUT + ".tmp" (a fixed name) and renamed it onto OUT; the
+    # log it wrote in place.
+    planted = out.with_name(out.name + ".tmp")
+    planted.symlink_to(victim)
+    out.with_suffix(".log").symlink_to(victim_log)
+    ref = tmp_path / "ref.tflite"
+    code, _, err = cli(capsys, "compile", src, "-o", ref)
+    assert code == 0, err
+    code, _, err = cli(capsys, "compile", src, "-o", out)
+    assert code == 0, err
+    assert victim.read_bytes() == b"not yours"
+    assert victim_log.read_bytes() == b"not yours either"
+    assert out.is_file() and not out.is_symlink()
+    assert out.read_bytes() == ref.read_bytes()
+    assert [op.name for op in load_model(out).main.operators] == [SEGMENT_OP]
+    log_path = out.with_suffix(".log")
+    assert not log_path.is_symlink() and "Operator" in log_path.read_text()
+    assert planted.is_symlink() and planted.resolve() == victim.resolve()   # left alone
+    compiled = out.read_bytes()
+    # An existing output is still refused without --force, and left as it was.
+    code, _, err = cli(capsys, "compile", src, "-o", out)
+    assert code == 1 and "--force" in err
+    assert out.read_bytes() == compiled and victim.read_bytes() == b"not yours"
+    code, _, err = cli(capsys, "compile", src, "-o", out, "--force")
+    assert code == 0, err
+    assert out.read_bytes() == compiled and victim.read_bytes() == b"not yours"
 
 
 # -- run -----------------------------------------------------------------------

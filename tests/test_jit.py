@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -232,3 +233,216 @@ def test_sim_session_parses_the_source_once_and_keeps_the_model_it_compiled(
         np.testing.assert_array_equal(value, second.run(x)[name])
     first.close()
     second.close()
+
+
+# -- a cache entry is bound to what it was built from ----------------------------------
+
+HW, C = 64, 32  # big enough that the cost model offloads each convolution
+
+
+def conv_model(path, seed: int, segments: int = 1):
+    """1x1 convolutions with weights drawn from ``seed`` (separated by DEQUANTIZE +
+    QUANTIZE when ``segments`` > 1, so each is its own Edge TPU segment): models
+    with one interface and different answers."""
+    from coralrt.model.builder import ModelBuilder
+
+    rng = np.random.default_rng(seed)
+    b = ModelBuilder()
+    shape = (1, HW, HW, C)
+    x = b.input("x", shape, np.uint8, scale=0.02, zero_point=128)
+    for j in range(segments):
+        if j:
+            f = b.tensor(f"f{j}", shape, np.float32)
+            b.op("DEQUANTIZE", [x], [f])
+            x = b.tensor(f"q{j}", shape, np.uint8, scale=0.05, zero_point=128)
+            b.op("QUANTIZE", [f], [x])
+        w = b.constant(f"w{j}", rng.integers(0, 256, (C, 1, 1, C), dtype=np.uint8),
+                       scale=0.002, zero_point=128)
+        bias = b.constant(f"b{j}", rng.integers(-500, 500, C).astype(np.int32),
+                          scale=0.00004, zero_point=0)
+        y = b.tensor(f"y{j}", shape, np.uint8, scale=0.05, zero_point=128)
+        b.op("CONV_2D", [x, w, bias], [y], stride_w=1, stride_h=1, padding="SAME")
+        x = y
+    b.output(x)
+    path.write_bytes(b.build().to_bytes())
+    return path
+
+
+FEED = {"x": np.random.default_rng(7).integers(0, 256, (1, HW, HW, C), np.uint8)}
+
+
+def outputs_of(path, **kw) -> tuple[dict, dict]:
+    """(outputs on FEED, compile_info) of a fresh sim session."""
+    with InferenceSession(path, target="sim", **kw) as sess:
+        return sess.run(FEED), sess.compile_info
+
+
+def reference(path) -> dict:
+    return outputs_of(path, cache=CompileCache(enabled=False))[0]
+
+
+def entry_files(cache: CompileCache, key: str):
+    d = cache.path / key[:2]
+    return d / f"{key}.bin", d / f"{key}.json"
+
+
+def restore(cache: CompileCache, key: str, path, data: bytes) -> None:
+    """Store ``data`` under ``key`` with a valid checksum and the metadata of the
+    entry there: what a build that wrote broken bytes would have left."""
+    meta = json.loads(entry_files(cache, key)[1].read_text())
+    reserved = ("key", "source", "size", "crc32", "created", "format")
+    cache.put(key, data, {k: v for k, v in meta.items() if k not in reserved},
+              source=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_entry_of_another_model_copied_over_is_rebuilt_with_a_warning(tmp_path, caplog):
+    a, b = conv_model(tmp_path / "a.tflite", 1), conv_model(tmp_path / "b.tflite", 2)
+    cache = CompileCache(tmp_path / "cache")
+    info_a, info_b = outputs_of(a, cache=cache)[1], outputs_of(b, cache=cache)[1]
+    assert info_a["segments"] == info_b["segments"] == 1  # Edge TPU programs in the cache
+    key_a, key_b = info_a["key"], info_b["key"]
+    want_a, want_b = reference(a), reference(b)
+    assert any((want_a[n] != want_b[n]).any() for n in want_a)  # B's program answers wrongly
+    for src, dst in zip(entry_files(cache, key_b), entry_files(cache, key_a)):
+        dst.write_bytes(src.read_bytes())  # a sync tool, an import, a bug
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        got, info = outputs_of(a, cache=cache)
+    assert info["cache_hit"] is False and info["key"] == key_a
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert key_a in warning and "rebuilding" in warning
+    assert_same(got, want_a)
+    again, info = outputs_of(a, cache=cache)  # the rebuilt entry serves A from now on
+    assert info["cache_hit"] is True
+    assert_same(again, want_a)
+
+
+@pytest.mark.parametrize("field", ["key", "source"])
+def test_entry_with_a_tampered_binding_field_is_rebuilt(tmp_path, caplog, field):
+    a, b = conv_model(tmp_path / "a.tflite", 1), conv_model(tmp_path / "b.tflite", 2)
+    cache = CompileCache(tmp_path / "cache")
+    key_a, key_b = outputs_of(a, cache=cache)[1]["key"], outputs_of(b, cache=cache)[1]["key"]
+    bin_a, json_a = entry_files(cache, key_a)
+    bin_b, json_b = entry_files(cache, key_b)
+    # B's entry in A's slot, its record edited to claim A's key (or A's model).
+    meta_a, meta_b = json.loads(json_a.read_text()), json.loads(json_b.read_text())
+    bin_a.write_bytes(bin_b.read_bytes())
+    json_a.write_text(json.dumps({**meta_b, field: meta_a[field]}))
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        got, info = outputs_of(a, cache=cache)
+    assert info["cache_hit"] is False
+    assert any(key_a in r.getMessage() and "rebuilding" in r.getMessage()
+               for r in caplog.records)
+    assert_same(got, reference(a))
+
+
+def _damage_segment(seg: bytes, how: str) -> bytes:
+    if how == "body byte":
+        return seg[:-10] + bytes([seg[-10] ^ 0x01]) + seg[-9:]
+    if how == "truncated":
+        return seg[:-64]
+    if how == "header version":
+        return seg[:8] + (seg_format.FORMAT_VERSION + 1).to_bytes(2, "little") + seg[10:]
+    if how == "not a segment":
+        return b"\0" * len(seg)
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("segment", [0, 1])
+@pytest.mark.parametrize("how", ["body byte", "truncated", "header version", "not a segment"])
+def test_corrupt_segment_in_a_checksum_valid_entry_is_rebuilt(tmp_path, caplog, how,
+                                                              segment):
+    # An entry as a buggy build would write it: a valid flatbuffer, a valid
+    # entry checksum, and a coralrt-segment that does not decode.
+    from coralrt.errors import SegmentFormatError
+
+    path = conv_model(tmp_path / "m.tflite", 3, segments=2)
+    cache = CompileCache(tmp_path / "cache")
+    want, info = outputs_of(path, cache=cache)
+    key = info["key"]
+    bin_path, _ = entry_files(cache, key)
+    compiled = load_model(bin_path.read_bytes())
+    ops = [op for op in compiled.main.operators if op.name == SEGMENT_OP]
+    assert len(ops) == 2
+    bad = _damage_segment(bytes(ops[segment].custom_options), how)
+    with pytest.raises(SegmentFormatError):
+        seg_format.decode(bad)
+    ops[segment].custom_options = bad
+    restore(cache, key, path, compiled.to_bytes())
+    stored = bin_path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        got, info = outputs_of(path, cache=cache)
+    assert info["cache_hit"] is False
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "corrupt cache entry" in warning and key in warning and "rebuilding" in warning
+    assert_same(got, want)
+    assert bin_path.read_bytes() != stored
+    again, info = outputs_of(path, cache=cache)
+    assert info["cache_hit"] is True
+    assert_same(again, want)
+
+
+def test_cached_entry_that_is_not_a_model_is_rebuilt(tmp_path, caplog):
+    path = conv_model(tmp_path / "m.tflite", 4)
+    cache = CompileCache(tmp_path / "cache")
+    want, info = outputs_of(path, cache=cache)
+    restore(cache, info["key"], path, b"TFL3 but not a model")
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        got, info = outputs_of(path, cache=cache)
+    assert info["cache_hit"] is False and "does not load" in caplog.records[0].getMessage()
+    assert_same(got, want)
+    assert outputs_of(path, cache=cache)[1]["cache_hit"] is True
+
+
+@pytest.mark.parametrize("garble", [{"summary": 5}, {"placement": [[1]]}, {"compiler": None}],
+                         ids=["summary", "placement", "compiler"])
+def test_entry_with_garbled_build_description_is_rebuilt_not_a_crash(tmp_path, caplog,
+                                                                     garble):
+    # The description of the build (outside the entry's checksum) ends up in
+    # compile_info: a record edited into nonsense is a rebuild, never a crash.
+    path = conv_model(tmp_path / "m.tflite", 6)
+    cache = CompileCache(tmp_path / "cache")
+    want, info = outputs_of(path, cache=cache)
+    _, json_path = entry_files(cache, info["key"])
+    json_path.write_text(json.dumps({**json.loads(json_path.read_text()), **garble}))
+    with caplog.at_level(logging.WARNING, logger="coralrt.cache"):
+        got, again = outputs_of(path, cache=cache)
+    assert again["cache_hit"] is False and again["summary"] == info["summary"]
+    assert "corrupt cache entry" in caplog.records[0].getMessage()
+    assert_same(got, want)
+
+
+def test_segment_check_reads_no_segment_twice():
+    # The check combines CRC-32s instead of hashing the segment bodies again; the
+    # combination is zlib's crc32_combine.
+    import zlib
+
+    from coralrt.compile import jit
+
+    rng = np.random.default_rng(0)
+    for n1, n2 in [(0, 0), (0, 5), (7, 0), (1, 1), (100, 3000), (4096, 65537)]:
+        a, b = rng.bytes(n1), rng.bytes(n2)
+        assert jit._crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_unreadable_entry_is_a_permission_problem_and_the_session_works(tmp_path, caplog):
+    from test_cache import mode, permissions_enforced
+
+    path = conv_model(tmp_path / "m.tflite", 5)
+    cache = CompileCache(tmp_path / "cache")
+    want, info = outputs_of(path, cache=cache)
+    bin_path, json_path = entry_files(cache, info["key"])
+    with mode(bin_path, 0), permissions_enforced(), \
+            caplog.at_level(logging.WARNING, logger="coralrt"):
+        got, info = outputs_of(path, cache=cache)
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not any("corrupt" in m for m in messages), messages
+    assert any(str(bin_path) in m and "permission denied" in m for m in messages), messages
+    assert info["cache_hit"] is False
+    assert_same(got, want)
+    assert outputs_of(path, cache=cache)[1]["cache_hit"] is True  # nothing was deleted

@@ -1,9 +1,10 @@
 """Mutated models never crash the process or escape as a raw traceback.
 
-Hypothesis truncates and flips bytes of real models; each case runs in a
-long-lived subprocess (so a native crash shows up as that process dying
-instead of killing pytest) through the full path: validation, the CPU
-backend's load and one inference.
+Hypothesis truncates and flips bytes of real models, and rewires their
+operators (an input set to -1, "omitted", or swapped to another tensor);
+each case runs in a long-lived subprocess (so a native crash shows up as
+that process dying instead of killing pytest) through the full path:
+validation, the CPU backend's load and one inference.
 """
 
 from __future__ import annotations
@@ -14,15 +15,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import MODELS_DIR, REPO_ROOT, shared_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coralrt.model import flatbuf
+
 SEEDS = ["add_quantized_uint8.tflite", "hello_world_int8.tflite", "split_concat.tflite",
          "keras_lstm_mnist_ptq.tflite", "add_float.tflite",
          "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"]
 CASE_TIMEOUT = 60.0
+# Operator rewiring: an input set to -1 (omitted), or swapped to another tensor.
+INPUT_MUTATIONS = ("minus_one", "swap")
 
 pytestmark = pytest.mark.skipif(not MODELS_DIR.is_dir(),
                                 reason=f"test models folder {MODELS_DIR} is absent")
@@ -32,14 +38,15 @@ class Worker:
     def __init__(self):
         self.proc = None
 
-    def ask(self, path: Path) -> str:
+    def ask(self, path: Path, target: str = "cpu") -> str:
         if self.proc is None or self.proc.poll() is not None:
-            env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+            # No compile cache: each mutated model would only add an entry.
+            env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CORALRT_CACHE="0")
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.fuzz_worker"], cwd=REPO_ROOT, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True)
-        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.write(f"{path}\t{target}\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], CASE_TIMEOUT)
         if not ready:
@@ -79,6 +86,27 @@ def mutated(draw):
     return name, bytes(data)
 
 
+def mutate_operator_input(data: bytes, kind: str, pick) -> bytes | None:
+    """``data`` with one operator input rewired: set to -1 (``"minus_one"``) or
+    to another tensor index of its subgraph (``"swap"``).  ``pick(n)`` chooses
+    an int in ``range(n)``; None when the model has no input to rewire."""
+    tree = flatbuf.decode(data)
+    ops = [(sg, op) for sg in tree.get("subgraphs") or () for op in sg.get("operators") or ()
+           if len(op.get("inputs", ())) and sg.get("tensors")]
+    if not ops:
+        return None
+    sg, op = ops[pick(len(ops))]
+    inputs = [int(i) for i in op["inputs"]]
+    k = pick(len(inputs))
+    if kind == "minus_one":
+        inputs[k] = -1
+    else:
+        n = len(sg["tensors"])
+        inputs[k] = (inputs[k] + 1 + pick(n - 1)) % n if n > 1 else 0
+    op["inputs"] = np.array(inputs, np.int32)
+    return flatbuf.encode(tree)
+
+
 def test_worker_answers_for_a_valid_and_an_invalid_model(worker, tmp_path):
     assert worker.ask(shared_model("add_quantized_uint8.tflite")) == "OK"
     assert worker.ask(shared_model("invalid/not_a_model.bin")).startswith("ModelError ")
@@ -101,3 +129,27 @@ def test_mutated_models_end_cleanly(worker, tmp_path, case):
     # custom options) rejects a damaged model at the first inference.
     assert answer == "OK" or answer.startswith(("ModelError ", "InferenceError ")), (
         f"mutation of {name} ({len(data)} bytes) ended with: {answer[:2000]}")
+
+
+@st.composite
+def rewired(draw):
+    name = draw(st.sampled_from(SEEDS))
+    kind = draw(st.sampled_from(INPUT_MUTATIONS))
+    data = mutate_operator_input(shared_model(name).read_bytes(), kind,
+                                 lambda n: draw(st.integers(0, n - 1)))
+    return name, kind, data
+
+
+# About 10-15 s in `make test` on 2 cores; `make fuzz` runs tools/fuzz_models.py longer.
+@settings(max_examples=int(os.environ.get("CORALRT_FUZZ_REWIRE_EXAMPLES", "1000")),
+          deadline=None, derandomize=bool(os.environ.get("CI")),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(case=rewired())
+def test_rewired_operators_end_cleanly(worker, tmp_path, case):
+    name, kind, data = case
+    path = tmp_path / "case.tflite"
+    path.write_bytes(data)
+    answer = worker.ask(path)
+    assert answer == "OK" or answer.startswith(("ModelError ", "InferenceError ")), (
+        f"{kind} mutation of {name} ended with: {answer[:2000]}")

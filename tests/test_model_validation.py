@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import shared_model
+from conftest import run_litert, shared_model
 
 from coralrt.errors import CoralRTError, ModelError
 from coralrt.model import flatbuf, load_model
@@ -244,3 +244,299 @@ def test_lstm_state_shares_the_output_quantization():
     sg["tensors"][state]["quantization"]["zero_point"] = np.array([-110], np.int64)
     with pytest.raises(ModelError, match="output state and output must share"):
         load_tree(tree)
+
+
+# -- omitted (-1) inputs --------------------------------------------------------------------
+# LiteRT hands an omitted input to the kernel as a null tensor; kernels that do not
+# expect one (and the XNNPACK delegate) dereference it and kill the process.
+
+def _with_inputs(tree: dict, op_index: int, inputs) -> dict:
+    tree["subgraphs"][0]["operators"][op_index]["inputs"] = np.array(inputs, np.int32)
+    return tree
+
+
+def test_omitted_conv_filter_is_rejected():
+    tree = tree_of("mobilenet_v1_0.25_128_quant.tflite")
+    x, _, bias = tree["subgraphs"][0]["operators"][0]["inputs"]
+    with pytest.raises(ModelError, match="input 1 of CONV_2D is -1") as e:
+        load_tree(_with_inputs(tree, 0, [x, -1, bias]))
+    assert e.value.where == "subgraph 0, operator 0 (CONV_2D)"
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v1_0.25_128_quant.tflite", "split_concat.tflite",
+                                  "keras_lstm_mnist_ptq.tflite", "hello_world_int8.tflite",
+                                  "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"])
+def test_every_required_input_set_to_minus_one_is_rejected(name):
+    from coralrt.model.optional_inputs import OPTIONAL_INPUTS
+
+    data = shared_model(name).read_bytes()
+    model = load_model(data)
+    for oi, op in enumerate(model.main.operators):
+        if op.opcode.is_custom:
+            continue
+        for k, t in enumerate(op.inputs):
+            if t < 0:
+                continue
+            tree = flatbuf.decode(data)
+            inputs = list(op.inputs)
+            inputs[k] = -1
+            _with_inputs(tree, oi, inputs)
+            if k in OPTIONAL_INPUTS[op.name] and not (op.name.endswith("LSTM") and k == 12):
+                load_tree(tree)   # an optional input: never a false rejection
+            else:
+                with pytest.raises(ModelError, match=f"input {k} of {op.name} is -1"):
+                    load_tree(tree)
+
+
+def test_omitted_fully_connected_bias_runs():
+    from coralrt import InferenceSession
+
+    tree = tree_of("hello_world_int8.tflite")
+    op = tree["subgraphs"][0]["operators"][0]
+    x, w, _ = op["inputs"]
+    data = flatbuf.encode(_with_inputs(tree, 0, [x, w, -1]))
+    sess = InferenceSession(data, target="cpu")
+    feeds = [np.full(sess.get_inputs()[0].shape, 3, np.int8)]
+    got = list(sess.run(feeds).values())
+    want = run_litert(data, feeds)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_lstm_input_gate_bias_may_be_omitted_only_without_input_gate():
+    data = shared_model("keras_lstm_mnist_ptq.tflite").read_bytes()
+    ins = list(load_model(data).main.operators[1].inputs)
+    no_bias = [-1 if k == 12 else t for k, t in enumerate(ins)]
+    # An input gate without its bias: the kernel reads the bias' dims (SIGSEGV).
+    with pytest.raises(ModelError, match="input 12 of UNIDIRECTIONAL_SEQUENCE_LSTM is -1"):
+        load_tree(_with_inputs(flatbuf.decode(data), 1, no_bias))
+    # A CIFG LSTM (no input gate at all) is legal and LiteRT runs it.
+    cifg = [-1 if k in (1, 5, 12) else t for k, t in enumerate(ins)]
+    tree = _with_inputs(flatbuf.decode(data), 1, cifg)
+    model = load_tree(tree)
+    run_litert(flatbuf.encode(tree), [np.zeros((1, 28, 28), np.uint8)])
+    assert model.main.operators[1].inputs[12] == -1
+
+
+def _if_model(branch_reads_second: bool):
+    from coralrt.model.builder import ModelBuilder
+    from coralrt.model.types import Model
+
+    def branch(op_name):
+        b = ModelBuilder(name=op_name)
+        x, y = b.input("x", (1, 4), np.float32), b.input("y", (1, 4), np.float32)
+        o = b.tensor("o", (1, 4), np.float32)
+        b.op(op_name, [x, y if branch_reads_second else x], [o])
+        b.output(o)
+        return b.build().main
+
+    b = ModelBuilder()
+    c, a = b.input("cond", (1,), np.bool_), b.input("a", (1, 4), np.float32)
+    out = b.tensor("out", (1, 4), np.float32)
+    b.op("IF", [c, a, -1], [out], then_subgraph_index=1, else_subgraph_index=2)
+    b.output(out)
+    main = b.build()
+    return Model(subgraphs=[main.main, branch("ADD"), branch("SUB")],
+                 buffers=main.buffers).to_bytes()
+
+
+def test_if_input_may_be_omitted_only_when_no_branch_reads_it():
+    data = _if_model(branch_reads_second=False)
+    load_model(data)
+    out = run_litert(data, [np.array([True]), np.ones((1, 4), np.float32)])
+    assert out[0].tolist() == [[2, 2, 2, 2]]
+    with pytest.raises(ModelError, match="input 2 of IF is -1"):
+        load_model(_if_model(branch_reads_second=True))
+
+
+def test_depthwise_conv_without_bias_is_not_rejected():
+    # LiteRT's reference kernels and the simulated Edge TPU run it (only the
+    # optimized CPU kernels crash on it, which validation cannot know about).
+    tree = tree_of("mobilenet_v1_0.25_128_quant.tflite")
+    x, w, _ = tree["subgraphs"][0]["operators"][1]["inputs"]
+    data = flatbuf.encode(_with_inputs(tree, 1, [x, w]))
+    load_model(data)
+    run_litert(data, [np.zeros((1, 128, 128, 3), np.uint8)], kernels="reference")
+
+
+def test_too_few_inputs_are_rejected():
+    tree = tree_of("split_concat.tflite")
+    ops = tree["subgraphs"][0]["operators"]
+    oi = next(i for i, o in enumerate(ops)
+              if max(tree["operator_codes"][o["opcode_index"]].values(), key=int) == 49)  # SPLIT
+    with pytest.raises(ModelError, match="SPLIT has 1 input.* at least 2"):
+        load_tree(_with_inputs(tree, oi, ops[oi]["inputs"][1:]))
+
+
+def test_optional_input_tables_name_builtin_operators():
+    from coralrt.model.optional_inputs import MIN_INPUTS, ONLY_WITH, OPTIONAL_INPUTS
+    from coralrt.model.types import BUILTIN_NAMES
+
+    names = set(BUILTIN_NAMES.values())
+    assert set(OPTIONAL_INPUTS) <= names and set(MIN_INPUTS) <= names
+    for op, rules in ONLY_WITH.items():
+        assert set(rules) <= OPTIONAL_INPUTS[op]
+
+
+# -- model defects are model errors ----------------------------------------------------------
+
+def _sparse_reshape(stored, dim_metadata, traversal_order=(0,), block_map=None) -> bytes:
+    from coralrt.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.input("x", (1, 8), np.float32)
+    s = b.constant("shape", np.array([2, 4], np.int32))
+    y = b.tensor("y", (2, 4), np.float32)
+    b.op("RESHAPE", [x, s], [y])
+    b.output(y)
+    model = b.build()
+    t = model.main.tensors[s]
+    t.buffer.data = np.frombuffer(np.array(stored, "<i4").tobytes(), np.uint8)
+    t.extra["sparsity"] = {"traversal_order": np.array(traversal_order, np.int32),
+                           "dim_metadata": dim_metadata}
+    if block_map is not None:
+        t.extra["sparsity"]["block_map"] = np.array(block_map, np.int32)
+    return model.to_bytes()
+
+
+def _csr(segments, indices) -> dict:
+    return {"format": 1, "dense_size": 2,
+            "array_segments_type": 1, "array_segments": {"values": np.array(segments, np.int32)},
+            "array_indices_type": 1, "array_indices": {"values": np.array(indices, np.int32)}}
+
+
+@pytest.mark.parametrize("encoding", ["dense", "csr", "blocked"])
+def test_sparse_reshape_shape_that_litert_reads_correctly_runs(encoding, tmp_path):
+    from coralrt import InferenceSession
+    from coralrt.cli.inspect_cmd import model_report
+
+    meta = {"dense": ([2, 4], [{"format": 0, "dense_size": 2}], (0,), None),
+            "csr": ([2, 4], [_csr([0, 2], [0, 1])], (0,), None),
+            "blocked": ([2, 4], [{"format": 0, "dense_size": 1},
+                                 {"format": 0, "dense_size": 2}], (0, 1), [0])}[encoding]
+    data = _sparse_reshape(*meta)
+    path = tmp_path / "m.tflite"
+    path.write_bytes(data)
+    assert model_report(path)["operators"]
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    got = InferenceSession(data, target="cpu").run([x])["y"]
+    assert np.array_equal(got, run_litert(data, [x])[0])
+    assert got.shape == (2, 4)
+
+
+@pytest.mark.parametrize("stored, meta, match", [
+    # [0, 4] with the zero left out: the kernel reads one value past the data.
+    ([4], _csr([0, 1], [1]), "stores 1 of its 2 values"),
+    # Indices out of order: the kernel reads [2, 4], the model means [4, 2].
+    ([2, 4], _csr([0, 2], [1, 0]), r"value \[4, 2\], but TFLite's RESHAPE reads"),
+    ([2, 4], _csr([0, 2], [0, 5]), "invalid sparsity parameters"),
+])
+def test_sparse_reshape_shape_that_litert_misreads_is_rejected(stored, meta, match, tmp_path):
+    from coralrt.cli.inspect_cmd import model_report
+
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_sparse_reshape(stored, [meta]))
+    with pytest.raises(ModelError, match=match):
+        load_model(path)
+    with pytest.raises(ModelError, match=match):
+        model_report(path)
+
+
+def _conv_model(extra_output: str) -> bytes:
+    from coralrt.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.input("x", (1, 8, 8, 4), np.uint8, scale=0.05, zero_point=128)
+    w = b.constant("w", np.full((4, 1, 1, 4), 130, np.uint8), scale=0.01, zero_point=128)
+    bias = b.constant("bias", np.arange(4, dtype=np.int32), scale=0.0005, zero_point=0)
+    y = b.tensor("y", (1, 8, 8, 4), np.uint8, scale=0.05, zero_point=128)
+    b.op("CONV_2D", [x, w, bias], [y], stride_w=1, stride_h=1, padding="SAME")
+    extra = {"orphan": lambda: b.tensor("orphan", (1, 8, 8, 4), np.uint8, scale=0.05,
+                                        zero_point=128),
+             "constant": lambda: bias, "input": lambda: x}[extra_output]()
+    b.output(y, extra)
+    return b.build().to_bytes()
+
+
+def test_output_that_nothing_writes_is_rejected():
+    # LiteRT runs it but has no data for that output ("Tensor data is null").
+    with pytest.raises(ModelError, match=r"output tensor 4 \('orphan'\) is not written by any "
+                                         r"operator") as e:
+        load_model(_conv_model("orphan"))
+    assert e.value.where == "subgraph 0"
+
+
+@pytest.mark.parametrize("target", ["cpu", "sim"])
+@pytest.mark.parametrize("extra", ["constant", "input"])
+def test_constant_and_input_outputs_run_on_every_target(extra, target):
+    from coralrt import InferenceSession
+
+    data = _conv_model(extra)
+    feeds = [np.full((1, 8, 8, 4), 7, np.uint8)]
+    want = run_litert(data, feeds, kernels="reference")
+    got = list(InferenceSession(data, target=target, cpu_kernels="reference").run(feeds).values())
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+
+
+def test_concatenation_output_must_be_the_concatenation_of_its_inputs():
+    # Found by the rewiring fuzzer: the simulated Edge TPU ran a segment built on
+    # the declared (wrong) size and never answered.
+    tree = tree_of("split_concat.tflite")
+    ops = tree["subgraphs"][0]["operators"]
+    oi = next(i for i, o in enumerate(ops)
+              if max(tree["operator_codes"][o["opcode_index"]].values(), key=int) == 2)  # CONCAT
+    a, b, c = ops[oi]["inputs"]
+    with pytest.raises(ModelError, match=r"CONCATENATION output shape \[1, 8, 8, 6\] is not "
+                                         r"\[1, 8, 8, 5\]"):
+        load_tree(_with_inputs(tree, oi, [c, b, c]))
+
+
+def test_integer_lstm_weights_must_be_constants():
+    # Found by the rewiring fuzzer: the INT8 LSTM kernel reads its weights and
+    # biases at prepare time, when only constants have memory (SIGSEGV).
+    from coralrt.model.types import Tensor
+
+    model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
+    sg = model.main
+    w = sg.tensors[sg.operators[1].inputs[7]]
+    sg.tensors.append(Tensor("state_like", w.shape, w.type, quantization=w.quantization,
+                             is_variable=True))
+    sg.operators[1].inputs[7] = len(sg.tensors) - 1
+    model.source = None
+    with pytest.raises(ModelError, match="input 7 of the INT8 UNIDIRECTIONAL_SEQUENCE_LSTM is "
+                                         "not a constant"):
+        load_model(model.to_bytes())
+
+
+def test_lstm_recurrent_weights_need_a_row_per_cell():
+    tree = tree_of("keras_lstm_mnist_ptq.tflite")
+    ins = list(tree["subgraphs"][0]["operators"][1]["inputs"])
+    ins[7] = ins[18]   # the (1, 20) output state instead of (20, 20) weights
+    with pytest.raises(ModelError, match=r"recurrent-to-cell weights of shape \[1, 20\] do "
+                                         r"not have the 20 rows"):
+        load_tree(_with_inputs(tree, 1, ins))
+
+
+def test_an_operator_with_a_sparse_operand_stays_on_the_cpu_on_sim():
+    # Segments carry dense constants only: a quantized RESHAPE whose shape operand is
+    # sparse (stored in order, which LiteRT reads correctly) runs on the CPU under sim.
+    from coralrt import InferenceSession
+    from coralrt.model import load_model
+    from coralrt.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.input("x", (1, 8), np.uint8, scale=0.5, zero_point=10)
+    s = b.constant("shape", np.array([2, 4], np.int32))
+    y = b.tensor("y", (2, 4), np.uint8, scale=0.5, zero_point=10)
+    b.op("RESHAPE", [x, s], [y])
+    b.output(y)
+    model = b.build()
+    model.main.tensors[s].extra["sparsity"] = {
+        "traversal_order": np.array([0], np.int32),
+        "dim_metadata": [{"format": 0, "dense_size": 2}]}
+    data = model.to_bytes()
+    assert load_model(data).main.tensors[s].extra.get("sparsity")
+    sess = InferenceSession(data, target="sim")
+    placement = sess.compile_info["placement"]
+    assert placement[0][0] == "cpu" and "sparse" in placement[0][2]
+    feed = np.arange(8, dtype=np.uint8).reshape(1, 8)
+    assert np.array_equal(sess.run([feed])["y"], run_litert(data, [feed])[0])

@@ -15,6 +15,7 @@ from coralrt.errors import (
     ConfigError, InputError, ModelError, TargetUnavailableError, UnsupportedOperatorError,
 )
 from coralrt.model import load_model
+from coralrt.model.builder import ModelBuilder
 
 
 @pytest.mark.parametrize("kernels", ["optimized", "reference"])
@@ -200,3 +201,110 @@ def test_public_facade():
     assert set(coralrt.__all__) >= {"InferenceSession", "load_model", "TensorInfo",
                                     "quantize", "dequantize", "__version__"}
     assert coralrt.__version__.count(".") >= 2
+
+
+# -- feeds in the other byte order, and None -------------------------------------------------
+
+_ADD_QUANT = {np.float32: {}, np.uint8: dict(scale=0.5, zero_point=128),
+              np.int8: dict(scale=0.5, zero_point=0), np.int16: dict(scale=1.0, zero_point=0),
+              np.int32: {}}
+
+
+def add_model(dtype):
+    """``y = x + x`` on a (2, 3) input of ``dtype``."""
+    b = ModelBuilder()
+    x = b.input("x", (2, 3), dtype, **_ADD_QUANT[dtype])
+    y = b.tensor("y", (2, 3), dtype, **_ADD_QUANT[dtype])
+    b.op("ADD", [x, x], [y])
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("dtype", list(_ADD_QUANT), ids=lambda d: np.dtype(d).name)
+def test_feed_in_the_other_byte_order_gives_the_native_outputs(dtype):
+    sess = InferenceSession(add_model(dtype))
+    (info,) = sess.get_inputs()
+    native = np.dtype(dtype)
+    values = np.array([[-3, -2, -1], [0, 1, 2]]) * (1000 if native.itemsize > 1 else 20) + 7
+    x = values.astype(native)
+    swapped = x.astype(native.newbyteorder("S"))
+    np.testing.assert_array_equal(swapped, x)
+    if native.itemsize == 1:   # '|u1', '|i1': no byte order, the very same dtype
+        assert swapped.dtype == native
+    else:
+        assert swapped.dtype != native and not swapped.dtype.isnative
+    assert sess._check(info, x) is x                  # the common path copies nothing
+    want = sess.run(x)["y"]
+    for feed in (swapped, [swapped], {"x": swapped}):
+        got = sess.run(feed)["y"]
+        assert got.dtype == native
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(sess.submit(swapped).result()["y"], want)
+    np.testing.assert_array_equal(swapped, x)         # the caller's array is untouched
+
+
+def test_other_byte_order_of_another_type_is_still_refused():
+    sess = InferenceSession(add_model(np.float32))
+    big = np.zeros((2, 3), np.dtype(np.float64).newbyteorder("S"))
+    with pytest.raises(InputError, match="input 'x' expects dtype float32, got float64"):
+        sess.run(big)
+    with pytest.raises(InputError, match="expects shape"):   # converted, then shape-checked
+        sess.run(np.zeros((3, 2), np.dtype(np.float32).newbyteorder("S")))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8], ids=["float32", "uint8"])
+@pytest.mark.parametrize("feed, match", [
+    (lambda: {"x": None}, r"input 'x' is None; pass a \w+ array of shape \[2, 3\]"),
+    (lambda: [None], r"input 'x' is None"),
+    (lambda: None, r"inputs must be a dict"),
+    (lambda: [[[1, None, 2], [3, 4, 5]]], r"input 'x': .*holding None"),
+    (lambda: {"x": [None] * 3}, r"input 'x': .*holding None"),
+], ids=["dict", "list", "bare", "nested", "row"])
+def test_none_feed_is_an_input_error_naming_the_input(dtype, feed, match):
+    sess = InferenceSession(add_model(dtype))
+    with pytest.raises(InputError, match=match):
+        sess.run(feed())
+    with pytest.raises(InputError, match=match):
+        sess.submit(feed())
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@pytest.mark.parametrize("kernels", ["optimized", "reference"])
+def test_depthwise_conv_without_bias_runs_instead_of_crashing(dtype, kernels):
+    # LiteRT's optimized kernels die with SIGSEGV on a two-input DEPTHWISE_CONV_2D;
+    # coralrt hands it an explicit zero bias (coralrt/model/fixups.py). Run in a
+    # child process, so that a regression fails the test instead of the suite.
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from coralrt import InferenceSession
+        from coralrt.model.builder import ModelBuilder
+        dt = np.dtype({np.dtype(dtype).name!r})
+        q = dict(scale=0.1, zero_point=128) if dt == np.uint8 else {{}}
+        b = ModelBuilder()
+        x = b.input("x", (1, 6, 6, 3), dt, **q)
+        w = b.constant("w", np.arange(27, dtype=dt).reshape(1, 3, 3, 3) % 7 + 120,
+                       **(dict(scale=0.02, zero_point=128) if dt == np.uint8 else {{}}))
+        y = b.tensor("y", (1, 6, 6, 3), dt, **(dict(scale=0.5, zero_point=100) if dt == np.uint8 else {{}}))
+        b.op("DEPTHWISE_CONV_2D", [x, w], [y], padding="SAME", stride_w=1, stride_h=1,
+             depth_multiplier=1)
+        b.output(y)
+        feed = (np.arange(108) % 50 + 100).astype(dt).reshape(1, 6, 6, 3)
+        from coralrt.model.fixups import with_explicit_biases
+        model = b.build()
+        explicit = with_explicit_biases(model)
+        assert explicit is not None and len(explicit.main.operators[0].inputs) == 3
+        out = InferenceSession(model, cpu_kernels={kernels!r}).run(feed)["y"]
+        # The same kernels with a zero bias written into the model give the same result,
+        # and the reference kernels (which accept two inputs) agree within a rounding step.
+        same = InferenceSession(explicit, cpu_kernels={kernels!r}).run(feed)["y"]
+        ref = InferenceSession(model, cpu_kernels="reference").run(feed)["y"]
+        assert out.shape == (1, 6, 6, 3) and np.array_equal(out, same)
+        assert np.allclose(out.astype(np.float64), ref.astype(np.float64), atol=1, rtol=1e-5)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-1500:]

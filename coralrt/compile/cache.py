@@ -1,15 +1,27 @@
 """The on-disk compile cache: compiled segments, keyed by what produced them.
 
 An entry is two files, ``<root>/v<format>/<key[:2]>/<key>.bin`` (the raw
-bytes) and ``<key>.json`` (the caller's metadata plus ``size``, ``crc32``,
-``created`` and ``format``).  Nothing is pickled: loading a cache entry never
-runs code.
+bytes) and ``<key>.json`` (the caller's metadata plus ``key``, ``source``,
+``size``, ``crc32``, ``created`` and ``format``).  Nothing is pickled: loading
+a cache entry never runs code.
+
+An entry is bound to what it was built from: ``key`` is its own cache key and
+``source`` the SHA-256 (hex) of the source model, and ``crc32`` is the CRC-32
+of the data followed by the 128 ASCII characters of ``key`` and ``source``.
+A reader checks the format, that ``key`` and ``source`` are the ones it asks
+for, the size and the CRC-32, so an entry copied to another key's slot (by a
+sync tool, an import, a bug) or whose key or source field was edited is never
+served.  CRC-32 rather than a cryptographic hash: the threat is accidents,
+not an adversary who can write the user's own cache.
 
 Writers put each file in place with temp file + fsync + rename
 (:func:`coralrt.fileio.atomic_write`), data first, JSON last, so the JSON is
 the commit record: a reader that finds it finds the whole data next to it.
 An entry that fails verification (unparsable JSON, wrong size, wrong
-checksum) is logged as corrupt, deleted and rebuilt.
+checksum, another key or source) is logged, deleted and rebuilt.
+A cache file that cannot be read for lack of permission is not corrupt: it
+is logged as a permission problem, left alone, and the model is built
+without the cache.
 Concurrent compiles of one key are serialised by a lock file next to the
 entry, so N processes asking for the same model compile it once.  Errors
 while writing (read-only folder, full disk) cost the cache, never the compile.
@@ -36,12 +48,14 @@ from coralrt.fileio import atomic_write, is_temporary
 
 __all__ = ["CACHE_FORMAT_VERSION", "Entry", "CompileCache", "make_key"]
 
-CACHE_FORMAT_VERSION = 1
+# 2: entries carry their key and source digest, covered by the CRC-32.  Entries
+# of older formats live in another folder (v1/) and are never read: misses.
+CACHE_FORMAT_VERSION = 2
 
 log = logging.getLogger("coralrt.cache")
 
 _KEY = re.compile(r"[0-9a-f]{64}")
-_RESERVED = ("size", "crc32", "created", "format")
+_RESERVED = ("key", "source", "size", "crc32", "created", "format")
 _VERSION_DIR = re.compile(r"v\d+")
 _SHARD_DIR = re.compile(r"[0-9a-f]{2}")
 
@@ -78,16 +92,41 @@ def make_key(model_bytes: bytes | None = None, *, options: dict, compiler_id: st
     return h.hexdigest()
 
 
+def _checksum(key: str, source: str, data_crc32: int) -> int:
+    # The data's CRC-32 continued over key and source: one pass over the data
+    # gives both this and the data's own CRC-32 (Entry.data_crc32).
+    return zlib.crc32(f"{key}{source}".encode("ascii"), data_crc32)
+
+
+def _check_source(source) -> str:
+    if not isinstance(source, str) or not _KEY.fullmatch(source):
+        raise ValueError(f"source must be the SHA-256 of the source model as 64 lowercase "
+                         f"hex digits, got {source!r}")
+    return source
+
+
 @dataclass
 class Entry:
-    """A cached build: the raw bytes and the metadata stored next to them."""
+    """A cached build: the raw bytes and the metadata stored next to them.
+
+    ``data_crc32`` is the CRC-32 of ``data`` alone, as verified against the
+    entry's checksum (None when unknown).
+    """
 
     data: bytes = field(repr=False)
     meta: dict
+    data_crc32: int | None = field(default=None, repr=False, compare=False)
 
 
 class _Changed(Exception):
     """The entry was replaced or removed while it was being read."""
+
+
+class _Denied:
+    """``_read``'s answer for a cache file it may not read."""
+
+
+_DENIED = _Denied()
 
 
 def _unlink(path: Path) -> bool:
@@ -126,34 +165,48 @@ class CompileCache:
         d = self.path / key[:2]
         return d, d / f"{key}.bin", d / f"{key}.json"
 
-    def _record(self, data: bytes, meta: dict) -> dict:
+    def _record(self, key: str, source: str, data: bytes, meta: dict) -> tuple[dict, int]:
         clash = [k for k in _RESERVED if k in meta]
         if clash:
             raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
                              f"records them itself")
-        return {**meta, "size": len(data), "crc32": zlib.crc32(data),
-                "created": time.time(), "format": CACHE_FORMAT_VERSION}
+        data_crc32 = zlib.crc32(data)
+        return {**meta, "key": key, "source": source, "size": len(data),
+                "crc32": _checksum(key, source, data_crc32), "created": time.time(),
+                "format": CACHE_FORMAT_VERSION}, data_crc32
 
-    def _unstored(self, data: bytes, meta: dict) -> Entry:
-        return Entry(bytes(data), self._record(data, meta))
+    def _unstored(self, key: str, source: str, data: bytes, meta: dict) -> Entry:
+        data = bytes(data)
+        return Entry(data, *self._record(key, source, data, meta))
 
-    def get(self, key: str) -> Entry | None:
-        """The entry stored under ``key``, or None (absent, disabled or corrupt)."""
-        _, bin_path, json_path = self._files(key)
+    def get(self, key: str, *, source: str) -> Entry | None:
+        """The entry stored under ``key`` built from the model whose SHA-256 is
+        ``source``, or None (absent, disabled, corrupt, bound to another key or
+        source, or unreadable)."""
+        self._files(key)
+        _check_source(source)
         if not self.enabled:
             return None
+        found = self._lookup(key, source)
+        return None if found is _DENIED else found
+
+    def _lookup(self, key: str, source: str) -> Entry | _Denied | None:
+        _, bin_path, json_path = self._files(key)
         for _ in range(3):
             try:
-                return self._read(key, bin_path, json_path)
+                return self._read(key, source, bin_path, json_path)
             except _Changed:
                 continue  # a writer or an eviction got in between: look again
         return None
 
-    def _read(self, key: str, bin_path: Path, json_path: Path) -> Entry | None:
+    def _read(self, key: str, source: str, bin_path: Path,
+              json_path: Path) -> Entry | _Denied | None:
         try:
             jf = open(json_path, "rb")
         except (FileNotFoundError, NotADirectoryError):
             return None  # absent, or its data is still being written
+        except PermissionError as e:
+            return self._denied(json_path, e)
         except OSError as e:
             return self._corrupt(key, f"cannot read {json_path.name}: {e}")
         # The JSON file stays open while the data is read, so its inode cannot
@@ -161,58 +214,87 @@ class CompileCache:
         # someone replaced or removed the entry meanwhile.
         with jf:
             before = os.fstat(jf.fileno())
-            problem = None
+            problem = foreign = None
             try:
                 meta = json.loads(jf.read())
                 if not isinstance(meta, dict):
                     raise ValueError("not a JSON object")
-                size, digest = meta["size"], meta["crc32"]
+                size, checksum = meta["size"], meta["crc32"]
                 if meta["format"] != CACHE_FORMAT_VERSION:
                     raise ValueError(f"format {meta['format']!r}")
-            except (OSError, ValueError, KeyError) as e:
-                problem = f"{json_path.name} is not valid metadata ({e})"
-            if problem is None:
+                if meta["key"] != key:
+                    foreign = (f"its record names key {meta['key']!r} (an entry copied "
+                               f"from another key?)")
+                elif meta["source"] != source:
+                    foreign = (f"it was built from the model with SHA-256 "
+                               f"{meta['source']!r}, not {source}")
+            except (OSError, ValueError, KeyError, RecursionError) as e:
+                problem = f"{json_path.name} is not valid metadata ({e!r})"
+            if problem is None and foreign is None:
                 try:
                     data = bin_path.read_bytes()
+                except PermissionError as e:
+                    return self._denied(bin_path, e)
                 except OSError as e:
                     problem = f"cannot read {bin_path.name} ({e.strerror or e})"
                 else:
+                    data_crc32 = zlib.crc32(data)
                     if len(data) != size:
                         problem = f"{bin_path.name} has {len(data)} bytes, expected {size}"
-                    elif zlib.crc32(data) != digest:
+                    elif _checksum(key, source, data_crc32) != checksum:
                         problem = f"{bin_path.name} does not match its CRC-32"
-            if problem is not None:
+            if problem is not None or foreign is not None:
                 try:
                     now = os.stat(json_path)
                 except OSError:
                     raise _Changed from None
                 if (now.st_ino, now.st_mtime_ns) != (before.st_ino, before.st_mtime_ns):
                     raise _Changed
+                if foreign is not None:
+                    return self._remove(key, "cache entry %s in %s does not belong to this "
+                                             "key and model: %s; rebuilding", foreign)
                 return self._corrupt(key, problem)
         try:
             os.utime(bin_path)  # the LRU clock
         except OSError:
             pass  # a read-only cache still serves hits
-        return Entry(data, meta)
+        return Entry(data, meta, data_crc32)
+
+    def _denied(self, path: Path, error: OSError) -> _Denied:
+        log.warning("cannot read compile cache file %s: permission denied (%s); building "
+                    "without the cache (check the owner and mode of the files and folders "
+                    "under %s)", path, error.strerror or error, self.root)
+        return _DENIED
+
+    def invalidate(self, key: str, problem: str) -> None:
+        """Remove the entry under ``key`` because its content is unusable
+        (``problem`` says why; it is logged as a corrupt entry)."""
+        if self.enabled:
+            self._corrupt(key, problem)
 
     def _corrupt(self, key: str, problem: str) -> None:
-        log.warning("corrupt cache entry %s in %s: %s; rebuilding", key, self.path, problem)
+        return self._remove(key, "corrupt cache entry %s in %s: %s; rebuilding", problem)
+
+    def _remove(self, key: str, message: str, problem: str) -> None:
+        log.warning(message, key, self.path, problem)
         _, bin_path, json_path = self._files(key)
         for p in (json_path, bin_path):  # the JSON first: never a JSON without its data
             try:
                 _unlink(p)
             except OSError as e:
-                log.warning("cannot remove corrupt cache file %s: %s", p, e)
+                log.warning("cannot remove bad cache file %s: %s", p, e)
         return None
 
-    def put(self, key: str, data: bytes, meta: dict) -> Entry:
-        """Store ``data`` with ``meta`` under ``key``; raises OSError if it cannot be written."""
+    def put(self, key: str, data: bytes, meta: dict, *, source: str) -> Entry:
+        """Store ``data``, built from the model whose SHA-256 is ``source``, with
+        ``meta`` under ``key``; raises OSError if it cannot be written."""
         d, bin_path, json_path = self._files(key)
+        _check_source(source)
         data = bytes(data)
-        record = self._record(data, meta)
+        record, data_crc32 = self._record(key, source, data, meta)
         text = _canonical_json(record)  # before touching the disk: bad meta writes nothing
         if not self.enabled:
-            return Entry(data, record)  # nothing is stored
+            return Entry(data, record, data_crc32)  # nothing is stored
         d.mkdir(parents=True, exist_ok=True)
         # Retire an old record first, so that no reader pairs it with the new data.
         _unlink(json_path)
@@ -220,22 +302,25 @@ class CompileCache:
         # files, as tempfile.mkstemp made them before.
         atomic_write(bin_path, data, mode=0o600)
         atomic_write(json_path, text, mode=0o600)
-        return Entry(data, record)
+        return Entry(data, record, data_crc32)
 
-    def get_or_build(self, key: str,
-                     build: Callable[[], tuple[bytes, dict]]) -> tuple[Entry, bool]:
-        """The entry for ``key`` and whether it came from the cache.
+    def get_or_build(self, key: str, build: Callable[[], tuple[bytes, dict]], *,
+                     source: str) -> tuple[Entry, bool]:
+        """The entry for ``key`` (built from the model whose SHA-256 is
+        ``source``) and whether it came from the cache.
 
         On a miss ``build()`` returns ``(data, meta)``; across processes only
         one builds a given key at a time, the others wait and then read its
         result.  Raises :class:`~coralrt.errors.CacheLockTimeoutError` after
         ``lock_timeout`` seconds of waiting.
         """
-        entry = self.get(key)
-        if entry is not None:
+        self._files(key)
+        _check_source(source)
+        entry = self._lookup(key, source) if self.enabled else None
+        if isinstance(entry, Entry):
             return entry, True
-        if not self.enabled:
-            return self._unstored(*build()), False
+        if entry is _DENIED or not self.enabled:
+            return self._unstored(key, source, *build()), False
         d, _, _ = self._files(key)
         lock_path = d / f"{key}.lock"
         try:
@@ -244,20 +329,30 @@ class CompileCache:
             lock.acquire()
         except Timeout:
             raise CacheLockTimeoutError(lock_path, self.lock_timeout) from None
+        except PermissionError as e:
+            log.warning("cannot use compile cache %s: permission denied on %s; building "
+                        "without it", self.path, e.filename or lock_path)
+            return self._unstored(key, source, *build()), False
         except OSError as e:
             log.warning("compile cache %s is not usable (%s); building without it",
                         self.path, e)
-            return self._unstored(*build()), False
+            return self._unstored(key, source, *build()), False
         try:
-            entry = self.get(key)
-            if entry is not None:
+            entry = self._lookup(key, source)
+            if isinstance(entry, Entry):
                 return entry, True  # another process built it while we waited
             data, meta = build()
+            if entry is _DENIED:
+                return self._unstored(key, source, data, meta), False
             try:
-                entry = self.put(key, data, meta)
+                entry = self.put(key, data, meta, source=source)
+            except PermissionError as e:
+                log.warning("cannot write compile cache entry %s: permission denied on %s",
+                            key, e.filename or self.path)
+                return self._unstored(key, source, data, meta), False
             except OSError as e:
                 log.warning("cannot write compile cache entry %s in %s: %s", key, self.path, e)
-                return self._unstored(data, meta), False
+                return self._unstored(key, source, data, meta), False
         finally:
             lock.release()
         try:

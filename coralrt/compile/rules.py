@@ -43,7 +43,7 @@ MAPPED = "Mapped to Edge TPU"
 EIGHT_BIT = ("UINT8", "INT8")
 SOFTMAX_MAX_ELEMENTS = 16000
 # Bump when a rule changes what maps, so cached compilations are redone.
-RULES_VERSION = 1
+RULES_VERSION = 2
 
 Check = Callable[["OpView"], "str | None"]
 
@@ -322,6 +322,13 @@ class RuleRegistry:
             reason = check(view)
             if reason:
                 return reason
+        for k in range(len(view.op.inputs)):
+            t = view.input(k)
+            # Segments carry dense constants only (formats/segment.py); LiteRT
+            # densifies sparse ones on the CPU.
+            if t is not None and t.extra.get("sparsity"):
+                return (f"{UNSPECIFIED_LIMITATION}: input {k} is a sparse tensor; "
+                        f"Edge TPU segments take dense constants only")
         act = view.options.get("fused_activation_function")
         if act is not None and ACTIVATIONS.get(act, str(act)) not in support.activations:
             return (f"{UNSPECIFIED_LIMITATION}: fused activation "

@@ -14,8 +14,11 @@ allowed executable combinations, batch size >= 1) plus every index and size
 the host driver later relies on, so a damaged package fails here with
 :class:`~coralrt.errors.ExecutableError` instead of in the middle of a USB
 transfer.  Parameters and instruction bitstreams are zero-copy memoryviews
-into the caller's buffer.  Field meanings: ``shared/reference/edgetpu-stack.md``
-section 2.  Nothing here needs a device.
+into the caller's buffer.  The FlexBuffer, the Package and every Executable
+draw from one :class:`~coralrt.model.flatbuf.DecodeBudget` sized by the
+``custom_options`` bytes, so parsing stays linear in them however the offsets
+inside repeat one table or one executable.  Field meanings:
+``shared/reference/edgetpu-stack.md`` section 2.  Nothing here needs a device.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import struct
 from dataclasses import dataclass, field
 
 from coralrt.errors import ExecutableError
-from coralrt.model.flatbuf import FlatbufferError, decode_root
+from coralrt.model.flatbuf import DecodeBudget, FlatbufferError, decode_root
 from coralrt.formats.dwn1_schema import (
     IDENTIFIER, LAYOUT, UNIONS, FlexReader, Layer, OutputLayout, TensorSlice, binary_strings,
     enum_name, layer_from_table,
@@ -135,9 +138,9 @@ class Package:
 # flatbuffer helpers
 
 
-def _decode(buf, root: str, where: str) -> dict:
+def _decode(buf, root: str, where: str, budget: DecodeBudget) -> dict:
     try:
-        return decode_root(buf, root, LAYOUT, UNIONS, where=where)
+        return decode_root(buf, root, LAYOUT, UNIONS, where=where, budget=budget)
     except FlatbufferError as e:
         raise ExecutableError(f"the {root} flatbuffer is malformed: {e}", where=where) from None
 
@@ -209,8 +212,8 @@ def _field_offsets(chunk: dict, n_bits: int, where: str) -> list[FieldOffset]:
     return out
 
 
-def _executable(buf: memoryview, where: str) -> Executable:
-    d = _decode(buf, "Executable", where)
+def _executable(buf: memoryview, where: str, budget: DecodeBudget) -> Executable:
+    d = _decode(buf, "Executable", where, budget)
     etype = enum_name("ExecutableType", d.get("type", 0), where, "executable type")
     where = f"{where} ({etype})"
     batch = d.get("batch_size", 0)
@@ -227,9 +230,9 @@ def _executable(buf: memoryview, where: str) -> Executable:
         offsets.append(_field_offsets(c, 8 * len(view), f"{where}, instruction chunk {i}"))
     if not chunks or not any(len(c) for c in chunks):
         raise ExecutableError("executable has no instructions", where=where)
-    inputs = [layer_from_table(x, False, f"{where}, input {i}")
+    inputs = [layer_from_table(x, False, f"{where}, input {i}", budget)
               for i, x in enumerate(d.get("input_layers") or [])]
-    outputs = [layer_from_table(x, True, f"{where}, output {i}")
+    outputs = [layer_from_table(x, True, f"{where}, output {i}", budget)
                for i, x in enumerate(d.get("output_layers") or [])]
     params = _view(d.get("parameters"))
     hints, deterministic = _hints(d.get("dma_hints"), chunks, inputs, outputs, len(params),
@@ -249,6 +252,7 @@ def _executable(buf: memoryview, where: str) -> Executable:
         field_offsets=offsets)
 
 
+_TYPES = ("STAND_ALONE", "PARAMETER_CACHING", "EXECUTION_ONLY")
 _ALLOWED = ({"STAND_ALONE"}, {"PARAMETER_CACHING"}, {"EXECUTION_ONLY"},
             {"PARAMETER_CACHING", "EXECUTION_ONLY"},
             {"PARAMETER_CACHING", "EXECUTION_ONLY", "STAND_ALONE"})
@@ -280,14 +284,16 @@ def parse_package(custom_options) -> Package:
     except TypeError as e:
         raise ExecutableError(f"custom_options must be bytes-like ({e})") from None
     try:
-        return _parse(buf)
+        return _parse(buf, DecodeBudget(len(buf)))
     except (struct.error, IndexError, OverflowError, UnicodeDecodeError) as e:
         # The readers check bounds first; this is a last guard for the unforeseen.
         raise ExecutableError(f"malformed executable package ({type(e).__name__}: {e})") from None
 
 
-def _parse(buf: memoryview) -> Package:
-    opts = FlexReader(buf).root_map()
+def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
+    # One budget for everything nested in ``buf``: the package and the
+    # executables are slices of it, so a valid package spends a fraction of it.
+    opts = FlexReader(buf, budget).root_map()
     blob = opts.get("4")
     if not isinstance(blob, memoryview):
         raise ExecutableError("custom_options has no serialized executable under key \"4\"",
@@ -297,7 +303,7 @@ def _parse(buf: memoryview) -> Package:
     common = dict(custom_op_version=version if isinstance(version, int) else 0,
                   execution_preference=preference if isinstance(preference, int) else None)
     if blob[4:8] != IDENTIFIER and ("2" in opts or "3" in opts):
-        return _oldest(opts, blob, common)
+        return _oldest(opts, blob, common, budget)
     chips = opts.get("6")
     layout = "older" if chips is None else "current"
     if chips is not None:
@@ -315,7 +321,7 @@ def _parse(buf: memoryview) -> Package:
                                   where="custom_options")
     if blob[4:8] != IDENTIFIER:
         log.warning("package file identifier %r is not %r", bytes(blob[4:8]), IDENTIFIER)
-    pkg = _decode(blob, "Package", "package")
+    pkg = _decode(blob, "Package", "package", budget)
     mrv = pkg.get("min_runtime_version", 0)
     if mrv > RUNTIME_VERSION:
         raise ExecutableError(f"package requires runtime version {mrv}, which is newer than "
@@ -330,10 +336,16 @@ def _parse(buf: memoryview) -> Package:
     if not len(multi):
         raise ExecutableError("no executables to register (empty multi-executable)",
                               where="package")
-    blobs = binary_strings(multi, "package.multi_executable")
+    blobs = binary_strings(multi, "package.multi_executable", budget)
     if not blobs:
         raise ExecutableError("no executables provided", where="package.multi_executable")
-    exes = [_executable(b, f"executable {i}") for i, b in enumerate(blobs)]
+    if len(blobs) > len(_TYPES):
+        # _check_combination refuses these anyway (a type repeats); say so
+        # before decoding them.
+        raise ExecutableError(f"the package holds {len(blobs)} executables; libedgetpu "
+                              f"accepts at most one of each of the {len(_TYPES)} types",
+                              where="package.multi_executable")
+    exes = [_executable(b, f"executable {i}", budget) for i, b in enumerate(blobs)]
     _check_combination(exes)
     signature = pkg.get("signature")
     return Package(
@@ -344,15 +356,15 @@ def _parse(buf: memoryview) -> Package:
         signature_bytes=0 if signature is None else len(signature), chip_ids=chips, **common)
 
 
-def _oldest(opts: dict, blob: memoryview, common: dict) -> Package:
+def _oldest(opts: dict, blob: memoryview, common: dict, budget: DecodeBudget) -> Package:
     # Bare executables, no Package.  Key "3" held the parameter-caching half:
     # libedgetpu now ignores it, but the main executable then lacks its
     # parameters, so keep the pair (the main one runs as EXECUTION_ONLY).
-    main = _executable(blob, "executable 0")
+    main = _executable(blob, "executable 0", budget)
     exes = [main]
     pc_blob = opts.get("3")
     if isinstance(pc_blob, memoryview) and len(pc_blob):
-        pc = _executable(pc_blob, "executable 1")
+        pc = _executable(pc_blob, "executable 1", budget)
         if pc.type == "STAND_ALONE":
             pc.type = "PARAMETER_CACHING"
         if main.type == "STAND_ALONE":

@@ -13,7 +13,11 @@ end}``; the generic decoder has no struct vectors, so it is read as
 is read by :func:`binary_strings` (the decoder would insist on UTF-8), and the
 ``custom_options`` FlexBuffer map around the package by :class:`FlexReader`
 (the ``flatbuffers.flexbuffers`` reader copies and does not check bounds).
-Both raise :class:`~coralrt.errors.ExecutableError` and return memoryviews.
+Both raise :class:`~coralrt.errors.ExecutableError` and return memoryviews,
+and both charge the :class:`~coralrt.model.flatbuf.DecodeBudget` of the
+``custom_options`` buffer that the nested flatbuffers draw from too, so a
+package whose offsets repeat one value or one executable many times is refused
+after work linear in its size.
 
 :class:`Layer` carries what the host must do with an input or output's bytes
 (edgetpu-stack.md section 2.6, after libedgetpu ``api/layer_information.cc``):
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coralrt.errors import ExecutableError
-from coralrt.model.flatbuf import compile_layout
+from coralrt.model.flatbuf import DecodeBudget, compile_layout
 
 __all__ = ["ENUMS", "TABLES", "UNIONS", "LAYOUT", "IDENTIFIER", "FlexReader", "UnsupportedValue",
            "binary_strings", "enum_name", "Layer", "OutputLayout", "TensorSlice",
@@ -123,13 +127,27 @@ _FX_VECTOR_STRING, _FX_BLOB, _FX_BOOL = 15, 25, 26
 
 
 class FlexReader:
-    """A bounds-checked, zero-copy reader of the FlexBuffer map in ``custom_options``."""
+    """A bounds-checked, zero-copy reader of the FlexBuffer map in ``custom_options``.
 
-    def __init__(self, buf: memoryview):
+    Every value read costs one unit of ``budget`` (by default one for this
+    buffer): FlexBuffer vectors hold offsets, so many elements may name the
+    same inner vector.
+    """
+
+    def __init__(self, buf: memoryview, budget: DecodeBudget | None = None):
         self.buf, self.n = buf, len(buf)
+        self.budget = DecodeBudget(self.n) if budget is None else budget
 
     def _fail(self, msg: str):
         raise ExecutableError(f"custom_options FlexBuffer: {msg}", where="custom_options")
+
+    def _spend(self, units: int) -> None:
+        budget = self.budget
+        budget.left -= units
+        if budget.left < 0:
+            self._fail(f"reading it would take more than {budget.limit} steps, the most a "
+                       f"{budget.nbytes}-byte buffer can need: its offsets name the same "
+                       f"values over and over")
 
     def uint(self, pos: int, width: int, signed: bool = False) -> int:
         if width not in (1, 2, 4, 8) or pos < 0 or pos + width > self.n:
@@ -160,6 +178,7 @@ class FlexReader:
             n = self.uint(vec - w, w)
             if vec + n * w > self.n or (kind == _FX_VECTOR and vec + n * (w + 1) > self.n):
                 self._fail(f"a {n}-element vector at {vec} runs past the end of the buffer")
+            self._spend(1 + n)
             if kind == _FX_VECTOR:
                 types = self.buf[vec + n * w:vec + n * (w + 1)]
                 return [self.value(vec + i * w, w, types[i], depth + 1) for i in range(n)]
@@ -181,6 +200,7 @@ class FlexReader:
         types = m + size * w
         if types + size > self.n or keys + size * key_w > self.n:
             self._fail(f"a {size}-entry map at {m} runs past the end of the buffer")
+        self._spend(1 + size)
         out = {}
         for i in range(size):
             k = self.indirect(keys + i * key_w, key_w)
@@ -199,8 +219,13 @@ class UnsupportedValue:
     flex_type: int
 
 
-def binary_strings(buf: memoryview, where: str) -> list[memoryview]:
-    """``MultiExecutable.serialized_executables`` as views (binary [string] vector)."""
+def binary_strings(buf: memoryview, where: str, budget: DecodeBudget | None = None
+                   ) -> list[memoryview]:
+    """``MultiExecutable.serialized_executables`` as views (binary [string] vector).
+
+    Each view costs one unit of ``budget``; the executables they hold are
+    decoded from the same budget by the caller.
+    """
     n, u32 = len(buf), struct.Struct("<I")
 
     def at(pos: int, what: str) -> int:
@@ -220,6 +245,11 @@ def binary_strings(buf: memoryview, where: str) -> list[memoryview]:
     if vec + 4 + 4 * count > n:
         raise ExecutableError(f"{count} executables do not fit in the MultiExecutable",
                               where=where)
+    if budget is not None:
+        budget.left -= 1 + count
+        if budget.left < 0:
+            raise ExecutableError(f"{count} executables exceed the decoding budget of the "
+                                  f"{budget.nbytes}-byte package", where=where)
     out = []
     for i in range(count):
         pos = vec + 4 + 4 * i
@@ -293,9 +323,16 @@ class TensorSlice:
 
     @property
     def packed(self) -> bool:
-        sizes = [e - s + 1 for s, e in self.ranges]
-        want = [int(np.prod(sizes[i + 1:], dtype=np.int64)) for i in range(len(sizes))]
-        return list(self.stride) == want
+        # Row-major strides, innermost last, compared right to left so the
+        # work stays linear in the rank (which comes from the file).
+        if len(self.stride) != len(self.ranges):
+            return False
+        step = 1
+        for (s, e), stride in zip(reversed(self.ranges), reversed(self.stride)):
+            if stride != step:
+                return False
+            step *= e - s + 1
+        return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -372,7 +409,8 @@ def _ranges(shape: dict | None, where: str) -> tuple[tuple[int, int], ...] | Non
     return pairs
 
 
-def _check_layout(lay: OutputLayout, y: int, x: int, z: int, limit: int, where: str) -> None:
+def _check_layout(lay: OutputLayout, y: int, x: int, z: int, limit: int, where: str,
+                  budget: DecodeBudget | None = None) -> None:
     vecs = vars(lay)
     for name, n in (("y_coordinate_to_linear_tile_id_map", y),
                     ("y_coordinate_to_local_y_offset", y),
@@ -382,22 +420,63 @@ def _check_layout(lay: OutputLayout, y: int, x: int, z: int, limit: int, where: 
         if len(vecs[name]) < n:
             raise ExecutableError(f"output layout {name} has {len(vecs[name])} entries for a "
                                   f"dimension of {n}", where=where)
-    ty = lay.y_coordinate_to_linear_tile_id_map[:y]
-    tx = lay.x_coordinate_to_linear_tile_id_map[:x]
+    ty = lay.y_coordinate_to_linear_tile_id_map[:y].astype(np.int64)
+    tx = lay.x_coordinate_to_linear_tile_id_map[:x].astype(np.int64)
     lo, hi = int(ty.min()) + int(tx.min()), int(ty.max()) + int(tx.max())
     if lo < 0 or hi >= len(lay.linearized_tile_byte_offset):
         raise ExecutableError(f"output layout tile ids {lo}..{hi} are outside the "
                               f"{len(lay.linearized_tile_byte_offset)} tiles", where=where)
+    # Every start (row_starts) is base[ty[y] + tx[x]] + ly[y] * row[x] + xo[x].
+    # Among the rows of one tile id it is linear in ly[y], so its extremes lie
+    # at that tile's smallest and largest ly: checking those for every x gives
+    # the exact min and max over all y * x starts in (tile rows) * x steps.
+    # Real layouts have a handful of tile rows; short layouts and files with
+    # many more tile rows take each row on its own.
+    ly = lay.y_coordinate_to_local_y_offset[:y].astype(np.int64)
+    ids, group = np.unique(ty, return_inverse=True) if y > 16 else (ty, None)
+    if 2 * len(ids) <= y:
+        ly_min = np.full(len(ids), np.iinfo(np.int64).max)
+        ly_max = np.full(len(ids), np.iinfo(np.int64).min)
+        np.minimum.at(ly_min, group, ly)
+        np.maximum.at(ly_max, group, ly)
+    else:
+        ids, ly_min, ly_max = ty, ly, None
+    if budget is not None:
+        # One unit (about a table decode) per 32 starts checked.  The Edge
+        # TPU's tiles form a 4x4 grid (edgetpu-stack.md), so a real layout has
+        # at most 16 tile ids and costs at most x / 2 units, while its
+        # x-indexed vectors alone take 12 * x bytes of the package.
+        budget.left -= 1 + len(ids) * x // 32
+        if budget.left < 0:
+            raise ExecutableError(f"checking the output layout ({len(ids)} tile rows x {x}) "
+                                  f"exceeds the decoding budget of the {budget.nbytes}-byte "
+                                  f"package", where=where)
+    base = lay.linearized_tile_byte_offset.astype(np.int64)
+    row = lay.x_coordinate_to_local_y_row_size[:x].astype(np.int64)
+    xo = lay.x_coordinate_to_local_byte_offset[:x].astype(np.int64)
     step = max(1, (1 << 20) // x)
-    for y0 in range(0, y, step):
-        starts = lay.row_starts(slice(y0, min(y, y0 + step)), slice(0, x))
-        if int(starts.min()) < 0 or int(starts.max()) + z > limit:
+    for g0 in range(0, len(ids), step):
+        g = slice(g0, g0 + step)
+        at = base[ids[g, None] + tx[None, :]] + xo[None, :]
+        lo = ly_min[g, None] * row[None, :]
+        if ly_max is None:
+            lo += at
+            first, last = int(lo.min()), int(lo.max())
+        else:
+            hi = ly_max[g, None] * row[None, :]
+            first = int((np.minimum(lo, hi) + at).min())
+            last = int((np.maximum(lo, hi) + at).max())
+        if first < 0 or last + z > limit:
             raise ExecutableError(f"output layout places elements outside the {limit}-element "
                                   f"output buffer", where=where)
 
 
-def layer_from_table(d: dict, is_output: bool, where: str) -> Layer:
-    """A :class:`Layer` from a decoded ``Layer`` table, checked."""
+def layer_from_table(d: dict, is_output: bool, where: str,
+                     budget: DecodeBudget | None = None) -> Layer:
+    """A :class:`Layer` from a decoded ``Layer`` table, checked.
+
+    The output layout check is charged to ``budget`` (the package's) when given.
+    """
     name = d.get("name")
     where = f"{where} {name!r}"
     if not name:
@@ -426,7 +505,7 @@ def layer_from_table(d: dict, is_output: bool, where: str) -> Layer:
         if lay is not None:
             layout = OutputLayout(**{f: lay.get(f, np.zeros(0, np.int32))
                                      for f in OutputLayout.__dataclass_fields__})
-            _check_layout(layout, y, x, z, size * count // esize, where)
+            _check_layout(layout, y, x, z, size * count // esize, where, budget)
             if x > 1 or y > 1:
                 padded_z = layout.index(0, 1) - layout.index(0, 0) if x > 1 else \
                     layout.index(1, 0) - layout.index(0, 0)

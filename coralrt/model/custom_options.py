@@ -18,14 +18,52 @@ __all__ = ["decode_flexbuffer_map", "check_known_custom_op"]
 
 
 def decode_flexbuffer_map(data) -> dict | None:
-    """The custom options as a dict when they are a FlexBuffer map, else None."""
+    """The custom options as a dict when they are a FlexBuffer map, else None.
+
+    Decoding is bounded by the size of ``data``: FlexBuffer vectors may all
+    point at one inner vector, so a kilobyte of options can describe billions
+    of values (``flexbuffers.Loads`` would expand them all).  Past
+    :func:`_budget` decoded values the options are refused with ModelError.
+    """
     if data is None or len(data) < 3:
         return None
+    raw = bytes(data)
+    budget = [_budget(len(raw))]
     try:
-        value = flexbuffers.Loads(bytes(data))
+        root = flexbuffers.GetRoot(raw)
+        if not root.IsMap:
+            return None
+        value = _value(root, budget)
+    except ModelError:
+        raise
     except Exception:  # the decoder raises whatever indexing a bad buffer hits
         return None
     return value if isinstance(value, dict) else None
+
+
+def _budget(size: int) -> int:
+    # An unshared FlexBuffer spends at least one byte per value, so a valid
+    # map never comes near four values per byte.
+    return 4 * size + 64
+
+
+def _value(ref, budget: list[int]):
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ModelError("custom options: the FlexBuffer describes more values than its "
+                         "size allows (shared vectors repeated past the decode budget)")
+    if ref.IsMap:
+        m = ref.AsMap
+        keys, values = m.Keys, m.Values
+        return {keys[i].AsKey: _value(values[i], budget) for i in range(len(m))}
+    if ref.IsVector:
+        v = ref.AsVector
+        return [_value(v[i], budget) for i in range(len(v))]
+    if ref.IsTypedVector or ref.IsFixedTypedVector:
+        v = ref.AsTypedVector if ref.IsTypedVector else ref.AsFixedTypedVector
+        budget[0] -= len(v) // 16    # scalars, decoded in one call
+        return ref.Value
+    return ref.Value
 
 
 def _detection_postprocess(sg: Subgraph, op: Operator, where: str) -> None:

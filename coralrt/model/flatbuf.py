@@ -10,6 +10,10 @@ malformed file raises :class:`FlatbufferError` naming the field being read,
 and no offset is followed outside the buffer.  Numeric vectors are returned as
 zero-copy numpy views into the caller's buffer.  :func:`decode_root` runs the
 same decoder over another schema's layout (the Edge TPU executable format).
+
+A flatbuffer may point many offsets at one table, so a small file can describe
+a huge tree; every decode draws from a :class:`DecodeBudget` proportional to
+the bytes, so decoding time and memory stay linear in the file size.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import numpy as np
 
 from coralrt.model._schema import TABLES, UNIONS
 
-__all__ = ["FlatbufferError", "decode", "decode_root", "compile_layout", "encode",
-           "FILE_IDENTIFIER"]
+__all__ = ["FlatbufferError", "DecodeBudget", "decode", "decode_root", "compile_layout",
+           "encode", "FILE_IDENTIFIER"]
 
 FILE_IDENTIFIER = b"TFL3"
 
@@ -38,6 +42,7 @@ _NP = {
     "uint32": np.dtype("<u4"), "int64": np.dtype("<i8"), "uint64": np.dtype("<u8"),
     "float32": np.dtype("<f4"), "float64": np.dtype("<f8"),
 }
+_BYTE_ELEMS = frozenset({"uint8", "int8"})
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -64,12 +69,70 @@ class FlatbufferError(ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class DecodeBudget:
+    """How much decoding work a buffer of ``nbytes`` bytes may cause.
+
+    The unit is about one table decode.  Charges: 1 per table; 1 per element of
+    a vector of tables or strings; 1 per string reference (each string is
+    copied once, later references reuse it); 1 per numeric vector plus 1 per
+    16 elements, except byte vectors (``[uint8]``/``[int8]``: buffers and
+    blobs nobody walks element by element in Python) which cost 1 whatever
+    their length.  Other numeric vectors are charged per element because the
+    reader turns them into Python ints and validation walks them, per decode.
+
+    Why ``4 * nbytes + 4096`` is safe for valid files: without sharing, every
+    charge stands for distinct bytes of the file.  A table is reached by a
+    4-byte offset and starts with a 4-byte vtable offset (2 units per 8
+    bytes), a string by a 4-byte offset and has a 4-byte length (1 per 8), a
+    numeric vector has an offset and a length (1 per 8) and 16 elements of at
+    least one byte each (1 per 16); so an unshared file spends at most
+    ``nbytes / 4`` units, 16 times less than the cap.  Sharing is legal and
+    writers do it (one operator code or buffer for many entries, one string):
+    any table whose subtree costs up to about 15 units may be shared by every
+    offset of the file, and a large subtree may be shared a few times.  What
+    the cap refuses is sharing that multiplies: a subgraph vector repeating one
+    offset N times to a subgraph whose operator vector repeats one operator M
+    times costs N * M units in about 4 * (N + M) bytes.  The constant lets tiny
+    files share freely.  At a few microseconds per unit, a file at the cap
+    costs tens of microseconds per byte.  Nested flatbuffers (DWN1 packages)
+    draw from the budget of the buffer that contains them, so re-reading one
+    nested buffer many times is refused too.
+    """
+
+    PER_BYTE = 4
+    BASE = 4096
+
+    __slots__ = ("left", "limit", "nbytes")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.limit = self.left = self.PER_BYTE * nbytes + self.BASE
+
+    @property
+    def spent(self) -> int:
+        return self.limit - self.left
+
+    def spend(self, units: int, where: str) -> None:
+        self.left -= units
+        if self.left < 0:
+            self.exhausted(where)
+
+    def exhausted(self, where: str):
+        raise FlatbufferError(
+            f"decoding would take more than {self.limit} steps, the most a "
+            f"{self.nbytes}-byte file can need: its offsets point many entries at the same "
+            f"tables to describe a far larger model than the file holds", where)
+
+
 class _Decoder:
-    def __init__(self, buf, layout: dict | None = None, unions: dict | None = None):
+    def __init__(self, buf, layout: dict | None = None, unions: dict | None = None,
+                 budget: DecodeBudget | None = None):
         self.buf = buf
         self.size = len(buf)
         self.layout = _LAYOUT if layout is None else layout
         self.unions = UNIONS if unions is None else unions
+        self.budget = DecodeBudget(self.size) if budget is None else budget
+        self.strings: dict[int, str] = {}
 
     def _check(self, pos: int, length: int, where: str) -> None:
         if pos < 0 or length < 0 or pos + length > self.size:
@@ -81,6 +144,10 @@ class _Decoder:
         return pos + _U32.unpack_from(self.buf, pos)[0]
 
     def table(self, pos: int, tname: str, where: str) -> dict:
+        budget = self.budget
+        budget.left -= 1
+        if budget.left < 0:
+            budget.exhausted(where)
         self._check(pos, 4, where)
         vt = pos - _I32.unpack_from(self.buf, pos)[0]
         self._check(vt, 4, where)
@@ -120,26 +187,45 @@ class _Decoder:
 
     def value(self, pos: int, kind: str, where: str):
         if kind == "string":
-            n = self._vec_len(pos, 1, where)
-            try:
-                return bytes(self.buf[pos + 4:pos + 4 + n]).decode("utf-8")
-            except UnicodeDecodeError as e:
-                # Flatbuffer strings are UTF-8 by definition; native readers choke on others.
-                raise FlatbufferError(f"string is not valid UTF-8 ({e.reason})", where) from None
+            return self.string(pos, where)
         if kind.startswith("["):
             elem = kind[1:-1]
             dtype = _NP.get(elem)
+            budget = self.budget
             if dtype is not None:
                 n = self._vec_len(pos, dtype.itemsize, where)
+                # Byte vectors stay views whatever their length; others are
+                # walked per element downstream (see DecodeBudget).
+                budget.left -= 1 if elem in _BYTE_ELEMS else 1 + (n >> 4)
+                if budget.left < 0:
+                    budget.exhausted(where)
                 arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=pos + 4)
                 return arr.astype(bool) if elem == "bool" else arr
             n = self._vec_len(pos, 4, where)
+            budget.spend(n, where)
             if elem == "string":
                 return [self.value(self._uoffset(pos + 4 + 4 * i, where), "string", f"{where}[{i}]")
                         for i in range(n)]
             return [self.table(self._uoffset(pos + 4 + 4 * i, where), elem, f"{where}[{i}]")
                     for i in range(n)]
         return self.table(pos, kind, where)
+
+    def string(self, pos: int, where: str) -> str:
+        budget = self.budget
+        budget.left -= 1
+        if budget.left < 0:
+            budget.exhausted(where)
+        s = self.strings.get(pos)
+        if s is None:
+            n = self._vec_len(pos, 1, where)
+            try:
+                s = bytes(self.buf[pos + 4:pos + 4 + n]).decode("utf-8")
+            except UnicodeDecodeError as e:
+                # Flatbuffer strings are UTF-8 by definition; native readers choke on others.
+                raise FlatbufferError(f"string is not valid UTF-8 ({e.reason})", where) from None
+            # Shared strings are copied once: memory stays within the file size.
+            self.strings[pos] = s
+        return s
 
     def _vec_len(self, pos: int, itemsize: int, where: str) -> int:
         self._check(pos, 4, where)
@@ -148,24 +234,30 @@ class _Decoder:
         return n
 
 
-def decode(buf) -> dict:
-    """Decode a whole TFLite file (``bytes``/``memoryview``) into a dict tree."""
+def decode(buf, budget: DecodeBudget | None = None) -> dict:
+    """Decode a whole TFLite file (``bytes``/``memoryview``) into a dict tree.
+
+    Raises :class:`FlatbufferError` when decoding would spend more than
+    ``budget`` (by default a :class:`DecodeBudget` for ``len(buf)`` bytes).
+    """
     if len(buf) < 8:
         raise FlatbufferError(f"{len(buf)} bytes is too short to be a TFLite model", "file")
-    dec = _Decoder(buf)
+    dec = _Decoder(buf, budget=budget)
     return dec.table(dec._uoffset(0, "root"), "Model", "model")
 
 
-def decode_root(buf, root: str, layout: dict, unions: dict, where: str = "root") -> dict:
+def decode_root(buf, root: str, layout: dict, unions: dict, where: str = "root",
+                budget: DecodeBudget | None = None) -> dict:
     """Decode a flatbuffer of another schema into a dict tree.
 
     ``layout`` comes from :func:`compile_layout`, ``unions`` maps a union name
-    to {type tag: table name}, ``root`` names the root table.  Same checks and
-    zero-copy numeric vectors as :func:`decode`.
+    to {type tag: table name}, ``root`` names the root table.  Same checks,
+    zero-copy numeric vectors and budget as :func:`decode`; a flatbuffer
+    nested in another buffer passes the outer buffer's budget.
     """
     if len(buf) < 8:
         raise FlatbufferError(f"{len(buf)} bytes is too short to be a flatbuffer", where)
-    dec = _Decoder(buf, layout, unions)
+    dec = _Decoder(buf, layout, unions, budget)
     return dec.table(dec._uoffset(0, where), root, where)
 
 

@@ -13,11 +13,101 @@ import math
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.model.types import Operator, Subgraph
+from coralrt.model.types import Operator, Subgraph, Tensor
 
 __all__ = ["check_builtin_op"]
 
 _MAX_RANK = 6  # the most dimensions TFLite's reshape kernels handle
+
+
+class _BadSparsity(Exception):
+    pass
+
+
+def _densify(t: Tensor, limit: int) -> list[int]:
+    """The dense value of the sparse constant ``t`` as TFLite defines it
+    (``FormatConverter::SparseToDense`` in sparsity_format_converter.cc),
+    reading at most ``limit`` stored values.  Raises _BadSparsity when the
+    parameters do not describe a tensor of its shape."""
+    sp = t.extra["sparsity"]
+    stored = np.frombuffer(t.buffer.data, np.dtype(t.dtype).newbyteorder("<"),
+                           count=t.buffer.nbytes // t.dtype.itemsize)
+    shape, rank = [int(d) for d in t.shape], len(t.shape)
+    order = [int(i) for i in sp.get("traversal_order", ())]
+    block_map = [int(i) for i in sp.get("block_map", ())]
+    meta = list(sp.get("dim_metadata") or ())
+    if (len(order) != len(meta) or len(order) != rank + len(block_map)
+            or sorted(order) != list(range(len(order)))
+            or len(set(block_map)) != len(block_map) or any(not 0 <= b < rank for b in block_map)
+            or any(not 0 <= int(m.get("dense_size", 0)) <= math.prod(shape) for m in meta)):
+        raise _BadSparsity("traversal order, block map and dimension metadata disagree")
+    block = [max(int(meta[order[rank + j]].get("dense_size", 0)), 1)
+             for j in range(len(block_map))]
+    dense = [0] * math.prod(shape)
+    taken = 0
+
+    def leaf(idx: list[int]) -> None:
+        nonlocal taken
+        orig = [0] * rank
+        for level in range(rank):
+            orig[order[level]] = idx[level]
+        for level in range(rank, len(idx)):
+            b = order[level] - rank
+            orig[block_map[b]] = orig[block_map[b]] * block[b] + idx[level]
+        if taken >= min(limit, stored.size) or any(
+                not 0 <= i < d for i, d in zip(orig, shape)):
+            raise _BadSparsity("it addresses values outside the tensor or its data")
+        flat = 0
+        for i, d in zip(orig, shape):
+            flat = flat * d + i
+        dense[flat] = int(stored[taken])
+        taken += 1
+
+    def walk(level: int, prev: int, idx: list[int]) -> None:
+        if level == len(meta):
+            leaf(idx)
+            return
+        m = meta[level]
+        if m.get("format", 0) == 0:  # DENSE
+            size = int(m.get("dense_size", 0))
+            for i in range(size):
+                walk(level + 1, prev * size + i, idx + [i])
+            return
+        segments = (m.get("array_segments") or {}).get("values", ())
+        indices = (m.get("array_indices") or {}).get("values", ())
+        if prev + 1 < len(segments):
+            for i in range(max(int(segments[prev]), 0), min(int(segments[prev + 1]),
+                                                             len(indices))):
+                walk(level + 1, i, idx + [int(indices[i])])
+
+    walk(0, 0, [])
+    return dense
+
+
+def _sparse_shape(t: Tensor, where: str) -> list[int]:
+    # TFLite's RESHAPE never densifies its shape operand: it reads the stored
+    # values as if they were dense.  That is right only when the encoding keeps
+    # every value in order; otherwise the kernel reads past the data or
+    # reshapes to a shape the model does not mean.
+    n = t.shape[0] if t.shape else 1
+    if n > _MAX_RANK:
+        raise ModelError(f"RESHAPE to rank {n} exceeds {_MAX_RANK}", where=where)
+    kept = t.buffer.nbytes // t.dtype.itemsize
+    if kept < n:
+        raise ModelError(f"RESHAPE shape operand is sparse and stores {kept} of its {n} "
+                         f"values; TFLite's RESHAPE reads it as dense and would read past "
+                         f"its data", where=where)
+    try:
+        dense = _densify(t, n)
+    except _BadSparsity as e:
+        raise ModelError(f"RESHAPE shape operand has invalid sparsity parameters: {e}",
+                         where=where) from None
+    read = [int(d) for d in np.frombuffer(t.buffer.data, np.dtype(t.dtype).newbyteorder("<"),
+                                          count=n)]
+    if read != dense:
+        raise ModelError(f"RESHAPE shape operand is sparse with value {dense}, but TFLite's "
+                         f"RESHAPE reads its stored values {read} as dense", where=where)
+    return dense
 
 
 def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
@@ -30,7 +120,10 @@ def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
         if shape_t.dtype is None or shape_t.dtype.kind != "i" or len(shape_t.shape) > 1:
             raise ModelError(f"RESHAPE shape operand must be a 1-D integer tensor, got "
                              f"{shape_t.type_name} of shape {list(shape_t.shape)}", where=where)
-        new_shape = [int(d) for d in shape_t.data.reshape(-1)]
+        if shape_t.extra.get("sparsity"):
+            new_shape = _sparse_shape(shape_t, where)
+        else:
+            new_shape = [int(d) for d in shape_t.data.reshape(-1)]
     else:
         new_shape = list(op.options.get("new_shape") or [])
         if not new_shape:
@@ -78,11 +171,54 @@ def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
             or not state.shape or out.shape[2] != state.shape[-1]:
         raise ModelError(f"UNIDIRECTIONAL_SEQUENCE_LSTM input {list(x.shape)}, output "
                          f"{list(out.shape)} and state {list(state.shape)} disagree", where=where)
+    # The kernel checks only the columns of the recurrent-to-forget and
+    # recurrent-to-cell weights, then reads n_cell rows of them (n_cell: the
+    # rows of the input-to-output weights): past the end of a smaller tensor,
+    # a wrong answer or a crash.
+    cells = sg.tensors[op.inputs[4]].shape
+    for k, role in ((6, "recurrent-to-forget"), (7, "recurrent-to-cell")):
+        rows = sg.tensors[op.inputs[k]].shape
+        if len(cells) == 2 and rows and rows[0] != cells[0]:
+            raise ModelError(f"UNIDIRECTIONAL_SEQUENCE_LSTM {role} weights of shape "
+                             f"{list(rows)} do not have the {cells[0]} rows (cells) of the "
+                             f"input-to-output weights", where=where)
     qs, qo = state.quantization, out.quantization
     if x.type_name == "INT8" and qs is not None and qo is not None and (
             qs.params != qo.params):
         raise ModelError("UNIDIRECTIONAL_SEQUENCE_LSTM output state and output must share "
                          "their quantization", where=where)
+    _integer_lstm(sg, op, where)
+
+
+def _zero_point(sg: Subgraph, i: int) -> int:
+    q = sg.tensors[i].quantization
+    return int(q.zero_point[0]) if q is not None and q.zero_point.size else 0
+
+
+def _integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
+    # With INT8 activations the kernel precomputes zero_point * weights + bias
+    # at prepare time (PopulatePrecomputedZPTimesWeightsWithBias), before any
+    # tensor but a constant has memory: a non-constant operand it reads there
+    # crashes it (SIGSEGV).  It reads a weight matrix when the matching zero
+    # point is not 0, and the bias paired with a present weight matrix (gate
+    # biases only without layer normalization).
+    ins = op.inputs
+    if len(ins) < 20 or ins[0] < 0 or sg.tensors[ins[0]].type_name != "INT8":
+        return
+    layer_norm = len(ins) == 24 and ins[21] >= 0
+    hidden = (_zero_point(sg, op.intermediates[4]) if len(op.intermediates) == 5 else 0)
+    gate_biases = (None,) * 4 if layer_norm else (12, 13, 14, 15)
+    for weights, point, biases in (((1, 2, 3, 4), _zero_point(sg, ins[0]), gate_biases),
+                                   ((5, 6, 7, 8), _zero_point(sg, ins[18]), (None,) * 4),
+                                   ((16,), hidden, (17,))):
+        for w, b in zip(weights, biases):
+            if ins[w] < 0:
+                continue
+            read = ([w] if point else []) + ([b] if b is not None and ins[b] >= 0 else [])
+            for k in read:
+                if not sg.tensors[ins[k]].is_constant:
+                    raise ModelError(f"input {k} of the INT8 {op.name} is not a constant; the "
+                                     f"kernel reads it before the model runs", where=where)
 
 
 def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
@@ -112,6 +248,27 @@ def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
                          f"{list(want)} of its inputs", where=where)
 
 
+def _concatenation(sg: Subgraph, op: Operator, where: str) -> None:
+    # Like _same_shape: the kernel sizes its output from the inputs, so a
+    # declared output of another size misplans every later operator (the
+    # simulated Edge TPU then runs a segment built on the declared sizes).
+    if not op.inputs or min(op.inputs) < 0 or not op.outputs:
+        return  # check_omitted_inputs has rejected these
+    shapes = [sg.tensors[i].shape for i in op.inputs]
+    rank = len(shapes[0])
+    axis = op.options.get("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    if not rank or not 0 <= axis < rank or any(
+            len(s) != rank or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]
+            for s in shapes):
+        return  # the kernel rejects these itself
+    want = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
+    out = sg.tensors[op.outputs[0]].shape
+    if out != want:
+        raise ModelError(f"CONCATENATION output shape {list(out)} is not {list(want)}, the "
+                         f"concatenation of its inputs along axis {axis}", where=where)
+
+
 _SAME_SHAPE = ("QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1",
                "LOGISTIC", "TANH", "HARD_SWISH", "SOFTMAX", "LOG_SOFTMAX", "L2_NORMALIZATION",
                "ABS", "NEG", "RSQRT", "SQRT", "EXP", "LOG", "ELU", "LEAKY_RELU", "GELU",
@@ -120,6 +277,7 @@ _BROADCAST = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERE
               "FLOOR_DIV", "FLOOR_MOD", "POW")
 
 _CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected,
+           "CONCATENATION": _concatenation, "LSTM": _integer_lstm,
            "UNIDIRECTIONAL_SEQUENCE_LSTM": _sequence_lstm,
            **dict.fromkeys(_SAME_SHAPE, _same_shape), **dict.fromkeys(_BROADCAST, _broadcast)}
 

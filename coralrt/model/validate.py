@@ -13,6 +13,7 @@ import numpy as np
 from coralrt.errors import ModelError
 from coralrt.model.custom_options import check_known_custom_op
 from coralrt.model.op_checks import check_builtin_op
+from coralrt.model.optional_inputs import check_omitted_inputs
 from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Subgraph, Tensor, packed_size
 
 __all__ = ["validate"]
@@ -56,9 +57,9 @@ def validate(model: Model) -> None:
                          where="subgraph 0")
     if not main.outputs:
         raise ModelError("the model's main subgraph declares no outputs", where="subgraph 0")
-    n_sub = len(model.subgraphs)
     for si, sg in enumerate(model.subgraphs):
-        _check_subgraph(sg, si, n_sub)
+        _check_subgraph(sg, si, model.subgraphs)
+    n_sub = len(model.subgraphs)
     for s in model.signatures:
         where = f"signature {s.key!r}"
         if not 0 <= s.subgraph_index < n_sub:
@@ -70,8 +71,9 @@ def validate(model: Model) -> None:
                 raise ModelError(f"tensor index {t} of {name!r} is out of range", where=where)
 
 
-def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
+def _check_subgraph(sg: Subgraph, si: int, subgraphs: list[Subgraph]) -> None:
     where = f"subgraph {si}"
+    n_sub = len(subgraphs)
     n = len(sg.tensors)
     for ti, t in enumerate(sg.tensors):
         _check_tensor(t, f"{where}, tensor {ti} ({t.name!r})")
@@ -97,6 +99,7 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                 if not (-1 if optional else 0) <= i < n:
                     raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph "
                                      f"has {n} tensors)", where=owhere)
+        check_omitted_inputs(op, owhere, subgraphs)
         for i in op.inputs:
             if i >= 0 and i not in ready:
                 raise ModelError(f"input tensor {i} ({sg.tensors[i].name!r}) is read before any "
@@ -129,6 +132,14 @@ def _check_subgraph(sg: Subgraph, si: int, n_sub: int) -> None:
                 if not 0 <= value < n_sub:
                     raise ModelError(f"{key} {value} is out of range (the model has {n_sub} "
                                      f"subgraphs)", where=owhere)
+    # LiteRT plans no memory for a tensor nothing writes: it runs the model and
+    # then cannot return that output ("Tensor data is null"), and coralrt's
+    # executor has no value for it.
+    for i in sg.outputs:
+        t = sg.tensors[i]
+        if i not in produced and i not in inputs and not t.is_constant and not t.is_variable:
+            raise ModelError(f"output tensor {i} ({t.name!r}) is not written by any operator, "
+                             f"and is not a constant or a subgraph input", where=where)
 
 
 def _eight_bit_kernel(sg: Subgraph, op) -> bool:

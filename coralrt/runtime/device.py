@@ -11,6 +11,15 @@ device swaps in without changing how programs run.
 ``load`` uploads a program's parameters once: loading the same program again
 returns the cached handle, as the real stick keeps cached parameters while the
 program stays loaded.
+
+Whatever exception escapes ``run`` (a device error, Ctrl-C, a timeout raised
+in the calling thread, ...), the device must never answer a later ``run``
+with outputs of an earlier one.  A device that cannot tell where an
+interrupted request left it marks itself out of step and resynchronises
+(``reset``) at the start of its next ``run``, raising a device error only
+if that fails.  ``reset`` does the same on request: afterwards the device is
+in step, handles from ``load`` stay valid, and what it held (parameters)
+is uploaded again when needed.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ class RunStats:
 
 
 class EdgeTpuDevice:
-    """Base class: ``open``, ``load``, ``run``, ``close``."""
+    """Base class: ``open``, ``load``, ``run``, ``reset``, ``close``."""
 
     kind = ""       # "sim" | "usb"
     path = ""       # a stable name for the device ("sim:0", "usb:0" ...)
@@ -55,6 +64,12 @@ class EdgeTpuDevice:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Bring the device back in step with the host (see the module docstring).
+        This default closes and opens it again."""
+        self.close()
+        self.open()
 
     @property
     def last_stats(self) -> RunStats:

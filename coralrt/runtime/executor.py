@@ -21,6 +21,7 @@ from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.errors import ConfigError, PluginError
 from coralrt.model.custom_options import decode_flexbuffer_map
 from coralrt.model.extract import extract
+from coralrt.model.fixups import with_explicit_biases
 from coralrt.model.types import Model
 from coralrt.runtime.info import OpInfo, StepInfo
 from coralrt.runtime.program import Program
@@ -126,7 +127,8 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
         if not pending:
             return
         piece = extract(compiled, pending)
-        program = backend.load(piece.model.to_bytes(), num_threads=num_threads,
+        runnable = with_explicit_biases(piece.model) or piece.model
+        program = backend.load(runnable.to_bytes(), num_threads=num_threads,
                                kernels=cpu_kernels)
         names = sorted({sg.operators[i].name for i in pending})
         steps.append(Step("cpu", f"cpu: {len(pending)} op(s) ({', '.join(names[:4])}"
@@ -159,6 +161,13 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
                           list(op.inputs), list(op.outputs),
                           _tpu_runner(device, handle, shapes), device))
     flush()
+    # A model may output a constant (LiteRT returns its data); no operator
+    # computes it, so a last step hands out a copy.
+    consts = [(t, sg.tensors[t].data) for t in dict.fromkeys(sg.outputs)
+              if sg.tensors[t].is_constant and sg.tensors[t].data is not None]
+    if consts:
+        steps.append(Step("cpu", "cpu: constant output(s)", [], [], [t for t, _ in consts],
+                          lambda _args: [np.array(a) for _, a in consts]))
     runner = host.run_step if host is not None and host.wraps_steps else None
     return ExecutorProgram(steps, list(sg.inputs), list(sg.outputs), runner)
 

@@ -22,6 +22,16 @@ else is wrapped in :class:`~coralrt.errors.InferenceError`) and the pipeline
 keeps serving the following requests.  If a worker thread itself dies, the
 pipeline is marked broken: pending and later requests fail with an
 :class:`~coralrt.errors.InferenceError` that names the cause.
+
+Whatever escapes a stage in the middle of a transfer, the device contract
+(:mod:`coralrt.runtime.device`) keeps later answers right: the stick marks
+itself out of step and the next request through it (from this pipeline, or
+from another session on the same stick after the pipeline broke) resets it
+first.  A caller interrupted while it waits (Ctrl-C in ``run``) abandons its
+request, which still runs to the end in the workers.  ``run`` and ``submit``
+touch no lock that an interrupt could leave taken (the first stage's queue is
+an :class:`_Inbox`, and ``run`` waits on its request, not on a
+``concurrent.futures.Future``), so an interrupt never hangs the workers.
 """
 
 from __future__ import annotations
@@ -33,7 +43,6 @@ import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before 3.11
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,11 +92,59 @@ def stages_of(steps: Sequence[Step]) -> list[Stage]:
     return stages
 
 
+def _taken() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 @dataclass
 class _Request:
     future: Future
     values: dict
     submitted: float = field(default_factory=time.perf_counter)
+    # Released once the request is complete; ``run`` waits on it and reads
+    # ``result``/``error`` rather than wait on the Future: a KeyboardInterrupt
+    # can land in Condition.__enter__ (Python code) just after the Future's lock
+    # was taken and leave it taken, and the worker completing the Future would hang.
+    done: threading.Lock = field(default_factory=_taken)
+    finished: bool = False
+    result: list | None = None
+    error: BaseException | None = None
+
+
+class _Inbox:
+    """The first stage's queue: bounded like the others, for callers that a signal
+    may interrupt anywhere.  queue.Queue takes its mutex in Python code (a
+    Condition), where a KeyboardInterrupt can leave it taken and hang the
+    worker; here the items sit in a ``queue.SimpleQueue`` (C) and a full inbox
+    is waited on with a plain lock that the worker releases whenever it takes
+    an item (a wake-up, not a count: waiters look again, and ``timeout`` bounds
+    a missed one)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._space = threading.Lock()
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        if self._items.qsize() >= self.maxsize:
+            if block:
+                self._space.acquire(timeout=-1 if timeout is None else timeout)
+            if self._items.qsize() >= self.maxsize:
+                raise queue.Full
+        self._items.put(item)
+
+    def put_nowait(self, item) -> None:
+        self.put(item, block=False)
+
+    def get(self):
+        item = self._items.get()
+        try:
+            self._space.release()
+        except RuntimeError:        # nobody was waiting
+            pass
+        return item
 
 
 class _State:
@@ -126,7 +183,8 @@ class PipelinedProgram(Program):
         self.lock = NoLock()
         self.stages = stages_of(program.steps)
         self._state = _State()
-        self._queues = [queue.Queue(maxsize=depth) for _ in self.stages]
+        self._queues = [_Inbox(depth) if k == 0 else queue.Queue(maxsize=depth)
+                        for k in range(len(self.stages))]
         self._threads = []
         for k, stage in enumerate(self.stages):
             out_q = self._queues[k + 1] if k + 1 < len(self.stages) else None
@@ -147,31 +205,34 @@ class PipelinedProgram(Program):
         Blocks while the first stage's queue is full (back-pressure), and
         raises :class:`InferenceError` when the pipeline is closed or broken.
         """
+        return self._submit(inputs).future
+
+    def _submit(self, inputs: Sequence[np.ndarray]) -> _Request:
         if len(inputs) != len(self.inputs):
             raise InputError(f"the program takes {len(self.inputs)} input(s), got {len(inputs)}")
         request = _Request(Future(), dict(zip(self.inputs, inputs)))
         if not self.stages:      # a model without operators: outputs are inputs
             request.future.set_running_or_notify_cancel()
-            request.future.set_result([request.values[t] for t in self.outputs])
-            return request.future
+            _complete(request, [request.values[t] for t in self.outputs])
+            return request
         state = self._state
         with state.submit_lock:       # nothing can follow close's stop sentinel
             while True:
                 _check_usable(state)
                 try:
                     self._queues[0].put(request, timeout=_POLL)
-                    return request.future
+                    return request
                 except queue.Full:
                     continue
 
     def run(self, inputs: Sequence[np.ndarray], timeout: float | None = None) -> list[np.ndarray]:
         """One inference, blocking; ``timeout`` seconds (None: no limit)."""
-        future = self.submit(inputs)
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            raise InferenceError(f"the pipelined inference did not finish within {timeout} s"
-                                 ) from None
+        request = self._submit(inputs)
+        if not request.done.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise InferenceError(f"the pipelined inference did not finish within {timeout} s")
+        if request.error is not None:
+            raise request.error
+        return request.result
 
     def map(self, batches, timeout: float | None = None):
         """Outputs for each inputs list of ``batches``, in order, with the pipeline full."""
@@ -238,7 +299,7 @@ def _check_usable(state: _State) -> None:
         raise InferenceError("the pipeline is closed")
 
 
-def _put(q: queue.Queue, item, state: _State) -> bool:
+def _put(q: queue.Queue | _Inbox, item, state: _State) -> bool:
     """Put with back-pressure; False when the queue stays full after the pipeline broke."""
     while True:
         try:
@@ -249,7 +310,7 @@ def _put(q: queue.Queue, item, state: _State) -> bool:
                 return False
 
 
-def _stop(first: queue.Queue | None, state: _State) -> None:
+def _stop(first: _Inbox | None, state: _State) -> None:
     """Finalizer of an unreferenced program: stop its workers."""
     state.closed = True
     if first is not None:
@@ -259,18 +320,34 @@ def _stop(first: queue.Queue | None, state: _State) -> None:
             pass    # daemon threads: they end with the process
 
 
-def _fail(request: _Request, error: BaseException) -> None:
+def _complete(request: _Request, result: list | None = None,
+              error: BaseException | None = None) -> None:
+    """Set the request's future (first completion wins) and release its waiter."""
+    if request.finished:
+        return
+    request.finished = True
+    request.result, request.error = result, error
     try:
-        request.future.set_exception(error)
+        if error is None:
+            request.future.set_result(result)
+        else:
+            request.future.set_exception(error)
     except InvalidStateError:
         pass                         # cancelled by its caller meanwhile
+    finally:
+        request.done.release()
+
+
+def _fail(request: _Request, error: BaseException) -> None:
+    _complete(request, error=error)
 
 
 def _run_stage(stage: Stage, values: dict, runner) -> None:
     run_steps(stage.steps, values, runner)
 
 
-def _worker(stage: Stage, in_q: queue.Queue, out_q: queue.Queue | None, outputs: list[int],
+def _worker(stage: Stage, in_q: queue.Queue | _Inbox, out_q: queue.Queue | None,
+            outputs: list[int],
             runner, state: _State) -> None:
     request = None
     try:
@@ -301,10 +378,11 @@ def _worker(stage: Stage, in_q: queue.Queue, out_q: queue.Queue | None, outputs:
                 stage.requests += 1
             if out_q is None:
                 values, request.values = request.values, None
-                request.future.set_result([values[t] for t in outputs])
+                _complete(request, [values[t] for t in outputs])
                 state.count()
             elif not _put(out_q, request, state):
                 _fail(request, _broken_error(state))
+            request = None              # the next stage's now
     except BaseException as e:  # noqa: BLE001 - a dead worker breaks the pipeline
         state.broken = e
         log.error("pipeline %s stopped: %s: %s", stage.label, type(e).__name__, e,
@@ -321,7 +399,7 @@ def _broken_error(state: _State) -> InferenceError:
     return error
 
 
-def _drain(in_q: queue.Queue, out_q: queue.Queue | None, state: _State) -> None:
+def _drain(in_q: queue.Queue | _Inbox, out_q: queue.Queue | None, state: _State) -> None:
     """A broken stage fails what reaches it, until the stop sentinel."""
     while True:
         item = in_q.get()

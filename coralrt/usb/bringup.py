@@ -19,6 +19,10 @@ as libedgetpu does).  Reads are made where the trace makes them:
 
 Close halts the run controls (libedgetpu's ``RunControl(kMoveToHalt)``) and
 puts the chip back in reset (``EnableReset``) before the port reset.
+
+After the sequence, :func:`pending_fatal` reads ``fatal_err_int_status``: a
+fatal error raised while the chip was brought up would otherwise surface only
+as the first run's timeout.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from coralrt.errors import DeviceError, DeviceTimeoutError
 from coralrt.usb import constants as C
 from coralrt.usb.transport import Transport
 
-__all__ = ["Step", "OPEN_SEQUENCE", "open_sequence", "bring_up", "halt", "poll"]
+__all__ = ["Step", "OPEN_SEQUENCE", "open_sequence", "bring_up", "halt", "poll",
+           "read_fatal_status", "pending_fatal", "describe_fatal"]
 
 log = logging.getLogger("coralrt.usb")
 
@@ -164,3 +169,23 @@ def read_fatal_status(t: Transport) -> tuple[int, int] | None:
         return t.read_register(C.HIB_ERROR_STATUS), t.read_register(C.HIB_FIRST_ERROR_STATUS)
     except DeviceError:
         return None
+
+
+def pending_fatal(t: Transport) -> int | None:
+    """``fatal_err_int_status`` (0x4c068) when its fatal bit is set, else None.
+
+    Read once at the end of open: a fatal error raised during bring-up would
+    otherwise show only as the first run's timeout.  The register answers at
+    once (one control transfer), where a read of the interrupt endpoint would
+    wait out its polling period on every open of a healthy stick.
+    """
+    word = t.read_register(C.FATAL_ERR_INT_STATUS)
+    return word if word & C.FATAL_INTERRUPT_BIT else None
+
+
+def describe_fatal(t: Transport, word: int) -> str:
+    """``word`` and the error status registers, for a message."""
+    status = read_fatal_status(t)
+    detail = (f"hib_error_status {status[0]:#x}, hib_first_error_status {status[1]:#x}"
+              if status else "error status unreadable")
+    return f"word {word:#x}; {detail}"

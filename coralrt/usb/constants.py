@@ -51,6 +51,10 @@ DEFAULT_TIMEOUT = 6.0                  # seconds; libedgetpu's usb_timeout_milli
 OPEN_RETRIES = 3                       # attempts to open/claim before giving up
 RETRY_DELAY = 0.2                      # seconds between open attempts
 REENUMERATION_TIMEOUT = 10.0           # seconds to wait for 18d1:9302 after DFU
+DFU_ATTEMPTS = 3                       # firmware downloads tried before giving up
+DFU_RECOVERY_READS = 8                 # GETSTATUS reads while bringing the bootloader
+                                       # back to dfuIDLE before a download
+DFU_RECOVERY_RESETS = 2                # port resets among them
 
 # -- register access (control transfers) ----------------------------------------------------
 REQ_TYPE_WRITE = 0x40                  # vendor, device, OUT
@@ -80,6 +84,7 @@ DFU_STATUS_NAMES = ("OK", "errTARGET", "errFILE", "errWRITE", "errERASE", "errCH
                     "errVENDOR", "errUSBR", "errPOR", "errUNKNOWN", "errSTALLEDPKT")
 DFU_STATUS_OK = 0
 DFU_STATUS_ERR_ADDRESS = 8
+DFU_STATUS_ERR_FIRMWARE = 10
 DFU_STATUS_ERR_STALLEDPKT = 15
 DFU_STATUS = struct.Struct("<B3sBB")   # GETSTATUS: bStatus, bwPollTimeout (24 bit), bState, iString
 

@@ -10,7 +10,14 @@ are prepared and uploaded on their first run.  ``run`` follows the executable's
 DMA hints in order, after the parameter-caching executable when its token is
 not cached yet.  ``close`` halts the chip, releases the interface, resets
 the port and drops the lock.  Any transfer failure leaves the device unusable
-until it is closed and opened again (which resets the stick).
+until it is closed and opened again (which resets the stick) or ``reset()``.
+Any other exception that escapes a request mid-transfer (Ctrl-C, a timeout
+raised in the caller's thread, ...) leaves host and stick out of step: the
+device is marked so, and its next ``run`` resets the stick and brings it up
+again first (``reset()``: the same path as a reopen), so no request ever
+reads the answer of an earlier one.  A segment the simulated stick cannot load
+or whose computation fails on the given inputs comes back as ``ModelError`` /
+``InferenceError`` with the stick's reason, and the stick stays usable.
 
 The driver knows backends through pyusb's interface only, plus the optional
 :class:`~coralrt.usb.extension.BackendExtension` (lock scope, device time,
@@ -32,7 +39,7 @@ from coralrt.formats import segment_codec as seg_codec
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     ConfigError, DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError,
-    DeviceTimeoutError, InputError, ProgramRefusedError,
+    DeviceTimeoutError, InferenceError, InputError, ModelError, ProgramRefusedError,
 )
 from coralrt.usb import bringup, dfu, firmware
 from coralrt.usb import constants as C
@@ -51,6 +58,34 @@ log = logging.getLogger("coralrt.usb")
 _REAL_STICK = BackendExtension()
 _PROGRAM_NAMES = {"segment": "a coralrt native segment",
                   "dwn1": "an edgetpu_compiler program (DWN1 executable package)"}
+
+
+class _ResetPending:
+    """``UsbEdgeTpu._failed`` while a reset is under way, or after one that did not
+    finish: the next ``run`` starts it over."""
+
+    def __repr__(self) -> str:
+        return "a reset that did not finish"
+
+
+_RESET_PENDING = _ResetPending()
+
+
+def _out_of_step(failed) -> bool:
+    """Whether ``UsbEdgeTpu._failed`` asks the next run to reset the stick first: it
+    holds an exception other than a DeviceError that escaped a request mid-transfer
+    (the stick may still hold inputs, outputs or events of that request), or
+    _RESET_PENDING."""
+    return failed is not None and not isinstance(failed, DeviceError)
+
+
+class _Answered(Exception):
+    """The stick answered the whole request and said why it could not run it
+    (``error``: a ModelError or InferenceError); host and stick are in step."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 class UsbEdgeTpu(EdgeTpuDevice):
@@ -77,7 +112,10 @@ class UsbEdgeTpu(EdgeTpuDevice):
         self._lock: DeviceLock | None = None    # None: not open, or lock_scope "process"
         self._ext: BackendExtension | None = None   # the backend's answers, set by open()
         self._address: int | None = None
-        self._failed: DeviceError | None = None
+        # None while requests may go straight to the stick (the one check per run);
+        # a DeviceError: failed, refused until reset() or a reopen; anything else
+        # (see _out_of_step): the next run resets the stick first.
+        self._failed: BaseException | _ResetPending | None = None
         self._programs: dict = {}
         self._on_device: set = set()         # segment keys the stick holds
         self._cached_token: int | None = None
@@ -121,7 +159,23 @@ class UsbEdgeTpu(EdgeTpuDevice):
                                   f"libedgetpu rejects; use a USB 2 or USB 3 port", path=info.path)
             t = Transport(dev, timeout=self.timeout, path=info.path)
             self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed)
+            # A fatal error raised during bring-up would otherwise show only as the
+            # first run's timeout: look at the interrupt endpoint before handing out.
+            word = bringup.pending_fatal(t)
+            if word is not None:
+                detail = bringup.describe_fatal(t, word)
+                try:    # (the handle itself is closed below, as on every failure)
+                    usb.util.release_interface(dev, C.ML_INTERFACE)
+                except (usb.core.USBError, OSError) as e:
+                    log.debug("%s: release after a fatal error: %s", info.path, e)
+                raise DeviceLostError(f"{info.path}: the stick raised a fatal-error interrupt "
+                                      f"while it was being opened ({detail}); open it again, "
+                                      f"which resets it; if that fails too, unplug and "
+                                      f"replug it", path=info.path)
         except BaseException:
+            # A claim left by an open cut short (Ctrl-C during a resync) would make
+            # the next open find the interface busy.
+            _dispose(dev)
             if lock is not None:
                 lock.release()
             raise
@@ -166,31 +220,69 @@ class UsbEdgeTpu(EdgeTpuDevice):
         raise last
 
     def close(self) -> None:
-        if self._t is None:
-            return
+        self._release()
+        if _out_of_step(self._failed):
+            self._failed = None     # closed on purpose: run() must not open it again
+
+    def _release(self) -> None:
+        """Halt, release, reset the port, drop the lock; ``_failed`` stays as it is.
+        Also finishes a close that an exception interrupted: ``_dev`` and ``_lock``
+        are forgotten only once they are released."""
         t, dev = self._t, self._dev
         self._t = self._framer = None
         self._ext = self._address = None
-        try:
-            if self._failed is None:
-                bringup.halt(t)
-        except DeviceError as e:
-            log.debug("%s: halt on close: %s", self.path, e)
-        try:
-            usb.util.release_interface(dev, C.ML_INTERFACE)
-        except (usb.core.USBError, OSError) as e:
-            log.debug("%s: release: %s", self.path, e)
-        try:
-            dfu.reset_device(dev, path=self.path)
-        except DeviceError as e:
-            log.debug("%s: reset on close: %s", self.path, e)
+        if t is not None:
+            try:
+                if self._failed is None:
+                    bringup.halt(t)
+            except DeviceError as e:
+                log.debug("%s: halt on close: %s", self.path, e)
+        if dev is not None:
+            try:
+                usb.util.release_interface(dev, C.ML_INTERFACE)
+            except (usb.core.USBError, OSError) as e:
+                log.debug("%s: release: %s", self.path, e)
+            try:
+                dfu.reset_device(dev, path=self.path)
+            except DeviceError as e:
+                log.debug("%s: reset on close: %s", self.path, e)
+            self._dev = None
+            log.info("%s: closed", self.path)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
         self._on_device.clear()
         self._cached.clear()
         self._cached_token = None
-        log.info("%s: closed", self.path)
+
+    def reset(self) -> None:
+        """Reset the stick and bring it up again, on the same port, as ``close()``
+        then ``open()`` do: after an interrupted request (``run`` also does this
+        by itself), after a transfer failure, or on request.  Loaded programs
+        stay valid; their parameters are uploaded again on their next run.
+
+        Raises what ``open()`` raises (a DeviceError) when the stick cannot be
+        brought back; the device then stays marked, and its next ``run`` tries
+        again.  A closed device raises DeviceError: open it instead.
+        """
+        with self._io_lock:
+            if self._t is None and not _out_of_step(self._failed):
+                raise DeviceError(f"device {self.path} is not open", path=self.path)
+            log.info("%s: reset requested", self.path)
+            self._resync()
+
+    def _resync(self) -> None:
+        # Whatever stops this half way (an error, another Ctrl-C) leaves the device
+        # marked, so the next run starts over.
+        self._failed = _RESET_PENDING
+        requested = self.requested
+        if self.info is not None and self.info.port_path:
+            self.requested = self.info.port_path    # this stick, whatever its usb:N now
+        try:
+            self._release()
+            self.open()                     # resets _failed and what the stick holds
+        finally:
+            self.requested = requested
 
     def __del__(self):
         try:
@@ -231,9 +323,15 @@ class UsbEdgeTpu(EdgeTpuDevice):
                                       f"{reason}", kind=kind, reason=reason, path=self.path)
 
     def _usable(self) -> Framer:
-        if self._failed is not None:
-            raise DeviceLostError(f"{self.path}: the stick failed earlier ({self._failed}); "
-                                  f"close it and open it again", path=self.path)
+        failed = self._failed
+        if failed is not None:
+            if isinstance(failed, DeviceError):
+                raise DeviceLostError(f"{self.path}: the stick failed earlier ({failed}); "
+                                      f"close it and open it again", path=self.path)
+            log.warning("%s: the previous request was interrupted mid-transfer (%s); "
+                        "resetting the stick to bring it back in step", self.path,
+                        failed if failed is _RESET_PENDING else type(failed).__name__)
+            self._resync()
         if self._framer is None:
             raise DeviceError(f"device {self.path} is not open", path=self.path)
         return self._framer
@@ -245,17 +343,20 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     def _run(self, handle, inputs):
         framer = self._usable()
+        start = time.perf_counter()
         if not handle.prepared:     # loaded while the device was closed: ask now
             self._admit(handle.kind)
-        start = time.perf_counter()
-        upload = 0.0
+            handle.prepare()
+        # The inputs are checked before anything goes on the wire: from the first
+        # transfer on, whatever escapes leaves the device failed or out of step.
+        if handle.kind == "segment":
+            staged, exchange = self._segment_inputs(handle, inputs), self._run_segment
+        else:
+            staged, exchange = self._executable_inputs(handle, inputs), self._run_executable
         try:
-            if not handle.prepared:
-                handle.prepare()
-            if handle.kind == "segment":
-                upload, outputs = self._run_segment(framer, handle, inputs)
-            else:
-                upload, outputs = self._run_executable(framer, handle, inputs)
+            upload, outputs = exchange(framer, handle, staged)
+        except _Answered as a:      # the stick answered in full: in step, still usable
+            raise a.error from None
         except DeviceTimeoutError as e:
             self._failed = e
             fatal = framer.poll_interrupt(timeout=0.05)
@@ -265,11 +366,22 @@ class UsbEdgeTpu(EdgeTpuDevice):
         except DeviceError as e:
             self._failed = e
             raise
+        except BaseException as e:  # Ctrl-C, SystemExit, a timeout raised in our thread ...
+            # A plain store, before anything that runs Python code: a second Ctrl-C
+            # cannot land between the exception and the mark.
+            self._failed = e
+            raise
         host = time.perf_counter() - start
         self._stats = RunStats(host_seconds=host,
                                device_seconds=self._ext.device_seconds(self._address),
                                parameter_upload_seconds=upload)
         return outputs
+
+    def _reason(self, framer: Framer, length: int) -> str:
+        """The UTF-8 reason that follows an error event with a nonzero length."""
+        buf = np.empty(length, np.uint8)
+        framer.read_output(buf, "the stick's reason")
+        return buf.tobytes().decode("utf-8", "replace")
 
     def _fatal(self, word: int) -> DeviceLostError:
         status = bringup.read_fatal_status(self._t) if self._t is not None else None
@@ -283,14 +395,19 @@ class UsbEdgeTpu(EdgeTpuDevice):
     def _upload_segment(self, framer: Framer, h: SegmentProgram) -> float:
         start = time.perf_counter()
         framer.send(C.TAG_PARAMETERS, h.data)
-        _, _, tag = framer.read_event("segment load event")
+        _, length, tag = framer.read_event("segment load event")
+        if tag == C.TAG_ERROR and length:
+            raise _Answered(ModelError(
+                f"{self.path}: the stick cannot load this Edge TPU segment: "
+                f"{self._reason(framer, length)}"))
         if tag != C.TAG_INTERRUPT0:
             raise DeviceError(f"{self.path}: the stick refused the segment (event tag {tag:#x})",
                               path=self.path)
         self._on_device.add(h.key)
         return time.perf_counter() - start
 
-    def _run_segment(self, framer: Framer, h: SegmentProgram, inputs):
+    @staticmethod
+    def _segment_inputs(h: SegmentProgram, inputs) -> list[np.ndarray]:
         if len(inputs) != len(h.inputs):
             raise InputError(f"the segment takes {len(h.inputs)} inputs, got {len(inputs)}")
         arrays = []
@@ -300,6 +417,9 @@ class UsbEdgeTpu(EdgeTpuDevice):
                 raise InputError(f"segment input {i} has shape {list(arr.shape)}, expected "
                                  f"{list(shape)}")
             arrays.append(arr)
+        return arrays
+
+    def _run_segment(self, framer: Framer, h: SegmentProgram, arrays):
         upload = 0.0
         for attempt in range(2):
             if h.key not in self._on_device:
@@ -315,9 +435,13 @@ class UsbEdgeTpu(EdgeTpuDevice):
                     refused = True
                     break
                 outputs.append(buf.view(dtype.newbyteorder("<")).reshape(shape))
-            _, _, tag = framer.read_event("segment completion event")
+            _, length, tag = framer.read_event("segment completion event")
             if tag == C.TAG_INTERRUPT0 and not refused:
                 return upload, outputs
+            if tag == C.TAG_ERROR and length:   # it ran, and failed on these inputs
+                raise _Answered(InferenceError(
+                    f"{self.path}: the Edge TPU segment failed while running on these "
+                    f"inputs: {self._reason(framer, length)}"))
             if tag != C.TAG_ERROR or attempt:
                 raise DeviceError(f"{self.path}: segment run failed (event tag {tag:#x})",
                                   path=self.path)
@@ -326,12 +450,16 @@ class UsbEdgeTpu(EdgeTpuDevice):
         raise AssertionError("unreachable")
 
     # -- DWN1 executables ---------------------------------------------------------------
-    def _run_executable(self, framer: Framer, h: ExecutableProgram, inputs):
+    @staticmethod
+    def _executable_inputs(h: ExecutableProgram, inputs) -> dict:
         exe = h.exe
         if len(inputs) != len(exe.inputs):
             raise InputError(f"the executable takes {len(exe.inputs)} inputs "
                              f"({', '.join(x.name for x in exe.inputs)}), got {len(inputs)}")
-        staged = {s.layer.name: s.stage(v) for s, v in zip(h.stagers, inputs)}
+        return {s.layer.name: s.stage(v) for s, v in zip(h.stagers, inputs)}
+
+    def _run_executable(self, framer: Framer, h: ExecutableProgram, staged: dict):
+        exe = h.exe
         token = exe.caching_token
         if not token or token != self._cached_token:
             self._cached_token = None
@@ -388,6 +516,13 @@ class UsbEdgeTpu(EdgeTpuDevice):
     def __repr__(self) -> str:
         state = "open" if self.is_open else "closed"
         return f"<UsbEdgeTpu {self.path} {state}>"
+
+
+def _dispose(dev) -> None:
+    try:
+        usb.util.dispose_resources(dev)     # releases what it claimed, closes the handle
+    except Exception as e:  # noqa: BLE001 - the device may be gone already
+        log.debug("dispose: %s", e)
 
 
 def open_device(path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,

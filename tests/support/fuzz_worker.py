@@ -1,9 +1,11 @@
 """Subprocess worker for the model fuzz test.
 
-Reads one model path per line on stdin, loads it with coralrt, runs it once
-on random inputs, and answers one line per case: ``OK``, ``ModelError <msg>``
-or ``RAW <traceback>`` for anything that is not a coralrt error.  A crash of
-the native interpreter kills this process, which the parent sees.
+Reads one case per line on stdin, ``PATH`` or ``PATH<TAB>TARGET`` (``cpu``
+when not given; ``sim`` runs the just-in-time compiler and the simulated
+Edge TPU), loads the model with coralrt, runs it once on random inputs, and
+answers one line per case: ``OK``, ``ModelError <msg>``, ``<OtherCoralRTError>
+<msg>`` or ``RAW <traceback>`` for anything that is not a coralrt error.  A
+crash of the native interpreter kills this process, which the parent sees.
 """
 
 import sys
@@ -34,9 +36,9 @@ def _feeds(session):
 
 def main() -> None:
     for line in sys.stdin:
-        path = line.strip()
+        path, _, target = line.strip().partition("\t")
         try:
-            session = InferenceSession(path, target="cpu", num_threads=1)
+            session = InferenceSession(path, target=target or "cpu", num_threads=1)
             session.run(_feeds(session))
             answer = "OK"
         except ModelError as e:

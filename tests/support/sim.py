@@ -22,7 +22,9 @@ def accept_dwn1(backend: SimulatedBackend) -> SimulatedBackend:
 
 
 def dwn1_backend(**kwargs) -> SimulatedBackend:
-    """A :class:`SimulatedBackend` (``firmware_loaded=True`` unless given) that accepts
+    """A :class:`SimulatedBackend` (``firmware_loaded=True`` and, for checks of the
+    transcript from its start, ``transcript_limit=None`` unless given) that accepts
     DWN1 programs for driver tests."""
     kwargs.setdefault("firmware_loaded", True)
+    kwargs.setdefault("transcript_limit", None)
     return accept_dwn1(SimulatedBackend(**kwargs))

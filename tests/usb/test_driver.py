@@ -101,7 +101,7 @@ def test_open_by_port_path_and_unknown_paths():
 
 
 def test_dfu_download_blocks_status_zero_length_end_verify_and_reset():
-    b = SimulatedBackend()
+    b = SimulatedBackend(transcript_limit=None)
     with open_device(backend=b, firmware=IMAGE):
         ops = [e for e in b.transcript if e["op"].startswith("dfu_")]
     dn = [e for e in ops if e["op"] == "dfu_dnload"]
@@ -143,7 +143,7 @@ def test_installed_firmware_is_verified_and_used(tmp_path, monkeypatch):
 
 def test_bringup_writes_match_the_trace_on_the_simulated_stick():
     want = [(reg, value) for op, reg, value in trace_steps() if op == "write"]
-    b = SimulatedBackend(firmware_loaded=True)
+    b = SimulatedBackend(firmware_loaded=True, transcript_limit=None)
     with open_device(backend=b):
         got = [(e["register"], e["value"]) for e in b.transcript if e["op"] == "write"]
     assert got[:len(want)] == want
@@ -253,7 +253,7 @@ def test_lock_second_holder_gets_busy_with_pid():
 def test_session_target_sim_runs_through_the_usb_driver():
     from coralrt import InferenceSession
     path = shared_model("mobilenet_v1_0.25_128_quant.tflite")
-    b = SimulatedBackend(firmware_loaded=True)
+    b = SimulatedBackend(firmware_loaded=True, transcript_limit=None)
     x = np.random.default_rng(1).integers(0, 256, (1, 128, 128, 3), dtype=np.uint8)
     with open_device(backend=b) as dev:
         s = InferenceSession(path, target="sim", device=dev)
@@ -609,3 +609,198 @@ def test_auto_target_picks_coral_when_a_stick_is_given_and_cpu_otherwise(caplog)
     messages = [r.getMessage() for r in caplog.records]
     assert any("Coral USB Accelerator given" in m for m in messages)
     assert any("running on the CPU (no Coral USB Accelerator found)" in m for m in messages)
+
+
+# -- interrupted requests; defects of the program are not failures of the stick ---------------
+
+def _segment_stick(**kw):
+    b = SimulatedBackend(firmware_loaded=True, transcript_limit=None, time_scale=0.0, **kw)
+    return b, open_device(backend=b)
+
+
+def _conv_relu_segment(channels: int = 4) -> bytes:
+    from coralrt.formats.segment import build_segment
+    from coralrt.formats.segment_codec import encode
+    from coralrt.model.builder import ModelBuilder
+    rng = np.random.default_rng(channels)
+    b = ModelBuilder()
+    x = b.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
+    w = b.constant("w", rng.integers(-127, 128, (channels, 3, 3, 3), dtype=np.int8),
+                   scale=0.02, zero_point=0)
+    bias = b.constant("b", rng.integers(-500, 500, channels, dtype=np.int32), scale=0.001,
+                      zero_point=0)
+    y = b.tensor("y", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
+    b.op("CONV_2D", [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1)
+    z = b.tensor("z", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
+    b.op("RELU", [y], [z])
+    b.output(y, z)
+    return encode(build_segment(b.build()))
+
+
+def _expected(program: bytes, xs):
+    from coralrt.formats.segment_codec import decode
+    from coralrt.sim.runner import SegmentRunner
+    return SegmentRunner(decode(program)).run(xs)
+
+
+def _feed(seed: int):
+    return [np.random.default_rng(seed).integers(-128, 128, (1, 6, 6, 3), dtype=np.int8)]
+
+
+def _ops_since(b, mark: int) -> list[str]:
+    return [e["op"] for e in b.transcript[mark:]]
+
+
+def _same(got, want) -> bool:
+    return len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("after", [False, True])
+@pytest.mark.parametrize("where", ["bulk_write", "bulk_read"])
+def test_an_exception_mid_transfer_makes_the_next_run_reset_the_stick_first(where, after):
+    b, dev = _segment_stick()
+    program = _conv_relu_segment()
+    h = dev.load(program)
+    assert _same(dev.run(h, _feed(0)), _expected(program, _feed(0)))
+    real = getattr(b, where)
+
+    def interrupted(*args):           # Ctrl-C at the first such transfer of the next run
+        setattr(b, where, real)
+        if after:
+            real(*args)               # done on the stick, never seen by the host
+        raise KeyboardInterrupt
+    setattr(b, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dev.run(h, _feed(1))
+    mark = len(b.transcript)
+    assert _same(dev.run(h, _feed(2)), _expected(program, _feed(2)))
+    ops = _ops_since(b, mark)
+    assert ops.index("reset") < ops.index("load") < ops.index("run")   # reset, uploaded again
+    mark = len(b.transcript)
+    assert _same(dev.run(h, _feed(3)), _expected(program, _feed(3)))
+    assert "reset" not in _ops_since(b, mark)                 # in step again: no more resets
+    dev.close()
+
+
+def test_an_error_before_the_first_transfer_leaves_the_stick_in_step():
+    from coralrt.errors import InputError
+    b, dev = _segment_stick()
+    program = _conv_relu_segment()
+    h = dev.load(program)
+    dev.run(h, _feed(0))
+    mark = len(b.transcript)
+    with pytest.raises(InputError):
+        dev.run(h, _feed(1) * 2)
+    assert _same(dev.run(h, _feed(1)), _expected(program, _feed(1)))
+    assert "reset" not in _ops_since(b, mark)
+    dev.close()
+
+
+def test_a_closed_stick_is_not_reopened_by_run_and_reset_recovers_a_failed_one():
+    b, dev = _segment_stick()
+    program = _conv_relu_segment()
+    h = dev.load(program)
+    real = b.bulk_read
+
+    def interrupted(*args):
+        b.bulk_read = real
+        raise KeyboardInterrupt
+    b.bulk_read = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        dev.run(h, _feed(0))
+    dev.close()                                   # closed on purpose: stays closed
+    with pytest.raises(DeviceError, match="not open"):
+        dev.run(h, _feed(0))
+    with pytest.raises(DeviceError, match="not open"):
+        dev.reset()
+    dev.open()
+    assert _same(dev.run(h, _feed(1)), _expected(program, _feed(1)))
+    b.inject("stall")                             # a transfer error: failed ...
+    with pytest.raises(DeviceError):
+        dev.run(h, _feed(2))
+    with pytest.raises(DeviceLostError, match="close it and open it again"):
+        dev.run(h, _feed(2))                      # ... refused at once, as before
+    dev.reset()                                   # ... until reset (or close and open)
+    assert _same(dev.run(h, _feed(2)), _expected(program, _feed(2)))
+    dev.close()
+
+
+def test_an_interrupted_dwn1_run_resets_and_uploads_the_parameters_again():
+    b = dwn1_backend()
+    with open_device(backend=b) as dev:
+        h = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+        xs = [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs]
+        dev.run(h, xs)
+        real = b.bulk_read
+
+        def interrupted(*args):
+            b.bulk_read = real
+            real(*args)
+            raise KeyboardInterrupt
+        b.bulk_read = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            dev.run(h, xs)
+        mark = len(b.transcript)
+        dev.run(h, xs)
+        new = b.transcript[mark:]
+        assert [e["op"] for e in new].count("reset") >= 1
+        assert [e["tag"] for e in new if e["op"] == "bulk_out"].count(2) > 0   # parameters
+
+
+def test_a_segment_the_stick_cannot_load_is_a_model_error_and_the_stick_stays_usable():
+    from coralrt.errors import ModelError
+
+    def refusing(ctx):
+        raise ModelError("this RELU is not for this stick", where="RELU operator")
+    b, dev = _segment_stick(kernels={"RELU": refusing})
+    bad = dev.load(_conv_relu_segment(4))
+    for _ in range(2):                             # no DeviceError, no "failed earlier"
+        with pytest.raises(ModelError, match="cannot load.*this RELU is not for this stick"):
+            dev.run(bad, _feed(0))
+    from coralrt.formats.segment import build_segment
+    from coralrt.formats.segment_codec import encode
+    from coralrt.model.builder import ModelBuilder
+    mb = ModelBuilder()
+    x = mb.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
+    y = mb.tensor("y", (1, 6, 6, 3), np.int8, scale=0.1, zero_point=0)
+    mb.op("ADD", [x, x], [y])
+    mb.output(y)
+    good = encode(build_segment(mb.build()))
+    assert _same(dev.run(dev.load(good), _feed(1)), _expected(good, _feed(1)))
+    ops = [e["op"] for e in b.transcript]
+    assert ops.count("load_failed") == 2 and "fatal" not in ops
+    dev.close()
+
+
+def test_a_kernel_that_fails_on_the_stick_is_an_inference_error_and_the_stick_stays_usable():
+    from coralrt.errors import InferenceError
+    from coralrt.sim.kernels import kernel_for
+
+    def flaky(ctx):
+        relu = kernel_for("RELU")(ctx)
+
+        def run(inputs):
+            if int(inputs[0].reshape(-1)[0]) == 7:
+                raise ValueError("seven is not allowed here")
+            return relu(inputs)
+        return run
+    b, dev = _segment_stick(kernels={"RELU": flaky})
+    program = _conv_relu_segment()
+    h = dev.load(program)
+    good = _feed(0)
+    want = _expected(program, good)
+    if int(want[0].reshape(-1)[0]) == 7:
+        good = _feed(1)
+        want = _expected(program, good)
+    bad = next(f for f in (_feed(s) for s in range(2, 2000))
+               if int(_expected(program, f)[0].reshape(-1)[0]) == 7)
+    assert _same(dev.run(h, good), want)
+    mark = len(b.transcript)
+    with pytest.raises(InferenceError, match="failed while running.*seven is not allowed") as info:
+        dev.run(h, bad)
+    assert not isinstance(info.value, DeviceError)
+    assert _same(dev.run(h, good), want)          # same stick, no reset, no reload
+    ops = _ops_since(b, mark)
+    assert ops.count("run_failed") == 1 and "fatal" not in ops and "reset" not in ops
+    assert "load" not in ops
+    dev.close()

@@ -87,6 +87,30 @@ def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, erro
     assert tags.count(2) == 2
 
 
+@pytest.mark.parametrize("usb_speed", ["usb3", "usb2"])
+def test_a_fatal_interrupt_during_open_is_raised_by_open(program, usb_speed):
+    from coralrt.usb.lock import lock_dir
+
+    clean = dwn1_backend(max_wait=TIMEOUT, usb_speed=usb_speed)
+    with open_device(backend=clean, timeout=TIMEOUT):
+        transfers = clean.devices[0].transfers          # those of the open (bring-up)
+    assert transfers > 40
+    for after in range(transfers):                      # at every transfer of the open
+        b = dwn1_backend(max_wait=TIMEOUT, usb_speed=usb_speed)
+        b.inject("fatal", after=after)
+        start = time.monotonic()
+        with pytest.raises(DeviceLostError) as info:
+            open_device(backend=b, timeout=TIMEOUT)
+        assert time.monotonic() - start < TIMEOUT + SLACK
+        text = str(info.value)
+        assert "fatal-error interrupt while it was being opened" in text
+        assert "hib_error_status 0x1" in text and "open it again" in text
+        assert b.devices[0].claimed_by is None          # interface 0 released
+        assert not list(lock_dir().glob("*.pid"))       # and the lock
+        with open_device(backend=b, timeout=TIMEOUT) as dev:   # the reset clears it
+            assert _one_run(dev, program)[0].shape == (1, 1001)
+
+
 def test_slow_reenumeration_after_dfu_times_out_then_recovers(program):
     b = dwn1_backend(firmware_loaded=False, max_wait=TIMEOUT)
     b.inject("slow_reenumeration", seconds=1.5)

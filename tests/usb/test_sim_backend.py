@@ -40,6 +40,7 @@ def find(backend, ids=None) -> list:
 
 
 def running(*, dwn1: bool = False, **kw):
+    kw.setdefault("transcript_limit", None)      # tests read the transcript from its start
     backend = SimulatedBackend(firmware_loaded=True, **kw)
     if dwn1:                    # the test-only switch: raw (DWN1) streams answered with zeros
         accept_dwn1(backend)
@@ -176,7 +177,7 @@ def dfu_status(dev):
 
 
 def test_dfu_download_verify_and_reenumeration():
-    backend = SimulatedBackend()
+    backend = SimulatedBackend(transcript_limit=None)
     dev = find(backend, BOOT)[0]
     port, old_address = dev.port_numbers, dev.address
     image = bytes(np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8))
@@ -538,3 +539,33 @@ def test_second_handle_is_busy_and_faults_are_validated():
         backend.inject("meteor")
     with pytest.raises(ValueError):
         backend.inject("stall", device=3)
+
+
+# -- transcript ---------------------------------------------------------------------------
+
+
+def test_default_transcript_keeps_only_the_last_10000_transfers():
+    backend = SimulatedBackend(firmware_loaded=True)       # as docs/usb.md builds it
+    dev = find(backend, APP)[0]
+    dev.set_configuration(1)
+    usb.util.claim_interface(dev, 0)
+    bring_up(dev)
+    for i in range(10_500):                                  # one "write" entry each
+        reg_write(dev, 0x4C0B8, 8, i)
+    assert len(backend.transcript) == 10_000
+    assert backend.transcript[-1]["value"] == 10_499         # the newest are kept
+    assert backend.transcript[0]["value"] == 500
+    assert not [t for t in backend.transcript if t["op"] == "read"]   # bring-up dropped
+
+
+def test_transcript_limit_none_keeps_every_transfer():
+    backend, dev = running(transcript_limit=None)
+    bring_up(dev)
+    for i in range(10_500):
+        reg_write(dev, 0x4C0B8, 8, i)
+    opening = ["set_configuration", "claim_interface"] + [s.op for s in OPEN_TRACE]
+    assert len(backend.transcript) == len(opening) + 10_500
+    assert [t["op"] for t in backend.transcript[:len(opening)]] == opening
+    backend, dev = running(transcript_limit=3)
+    bring_up(dev)
+    assert [t["value"] for t in backend.transcript] == [s.value for s in OPEN_TRACE[-3:]]

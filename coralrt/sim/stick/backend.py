@@ -15,7 +15,8 @@ control requests, resets), :mod:`coralrt.sim.stick.dfu` (DFU 1.1),
 and :mod:`coralrt.sim.stick.bulk` (bulk framing, segments, DWN1 streams).
 
 Every transfer is appended to ``backend.transcript`` as a dict with at least
-``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``.  Ops:
+``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``; by default
+only the last 10,000 entries are kept (``transcript_limit``).  Ops:
 "read"/"write" (registers), "bulk_out" (one per 8-byte header; ``kind``
 "load"/"run"/"input"/"raw"/"drop", raw ones get ``crc32`` when complete and
 ``refused`` unless the test-only switch below is on), "bulk_in", "intr_in",
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 
 import usb.backend
 
-from coralrt.sim.stick.registers import OPEN_TRACE, parse_trace
+from coralrt.sim.stick.registers import parse_trace
 from coralrt.sim.stick.stick import SimulatedStick, usb_error
 from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
 
@@ -120,13 +121,18 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
     with it, outputs and events become readable only after the estimated device
     time (None: device time 0).  ``trace_path``: a TSV trace (the layout of the
     reference's libedgetpu-open-trace.tsv) whose read answers replace the
-    built-in :data:`OPEN_TRACE`.  ``kernels``: extra kernel factories by
+    built-in :data:`coralrt.sim.stick.registers.OPEN_TRACE`.  ``kernels``: extra kernel factories by
     operator name, as plugins register them (see coralrt/sim/kernels/__init__.py).
     ``max_wait``: longest a simulated timeout or empty read really waits.
     ``dfu_busy_polls``: GETSTATUS answers of dfuDNBUSY before each block is done.
     ``lock_scope``: "machine" (the driver takes its cross-process per-stick
     lock, as for real sticks) or "process" (the sticks are private to this
     process: no lock).
+    ``transcript_limit``: how many transcript entries are kept; ``transcript``
+    is then a ``collections.deque`` of the last ``transcript_limit`` entries
+    (default 10,000, so that a backend that runs for hours holds a bounded
+    amount of memory).  ``None`` keeps every entry in a list; tests that
+    count or slice entries from the start ask for it explicitly.
 
     The sticks refuse edgetpu_compiler (DWN1) programs: :meth:`refusal` says
     so, and should a raw (non-segment) stream arrive anyway, the stick answers
@@ -147,7 +153,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
                  usb_speed: str = "usb3", faults: FaultPlan | None = None, trace_path=None,
                  kernels: dict | None = None, max_wait: float = 0.25,
                  dfu_busy_polls: int = 0, time_scale: float = 1.0,
-                 transcript_limit: int | None = None, lock_scope: str = "machine"):
+                 transcript_limit: int | None = 10_000, lock_scope: str = "machine"):
         if usb_speed not in ("usb2", "usb3"):
             raise ValueError(f"usb_speed must be 'usb2' or 'usb3', not {usb_speed!r}")
         if n_devices < 0:
@@ -158,8 +164,8 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         if trace_path is not None:
             with open(trace_path, encoding="utf-8") as f:
                 trace = parse_trace(f.read())
-        # A long-lived stick (the default "sim" device) keeps only the last
-        # ``transcript_limit`` entries; tests keep everything.
+        # Bounded unless a test asks for everything: a stick in a long-running
+        # process must not keep every transfer it ever saw.
         self.transcript = [] if transcript_limit is None else deque(maxlen=transcript_limit)
         # "machine": the host's per-stick lock spans processes, as for real
         # sticks; "process": every process gets its own simulated sticks.

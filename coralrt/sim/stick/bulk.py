@@ -8,13 +8,20 @@ first bytes of a payload tell what it is:
 * tag 2 starting with the segment magic: LOAD of a coralrt segment.  It is
   decoded, prepared for the simulated Edge TPU's kernels, kept under its
   header bytes, and answered with an event record (address 0, the payload
-  length, tag 4) on EP 0x82, or tag 0xF when it cannot be loaded;
+  length, tag 4) on EP 0x82; when it cannot be loaded (a defect of the
+  program: undecodable, or an operator the kernels refuse), with a tag 0xF
+  event whose length is that of a UTF-8 reason, readable on EP 0x81 after the
+  event until the host sends its next header;
 * tag 0 of 16 bytes starting ``CRTSRUN\\0``: RUN record ``<8sII`` (magic,
   CRC-32 of the segment header, number of inputs).  The inputs follow as
   tag 1 streams; the outputs are queued on EP 0x81 (one chunk per output, a
   read never crosses two outputs) followed by a tag 4 event.  An unknown
-  segment gets a tag 0xF event at once, its inputs are dropped, and reads of
-  EP 0x81 return zero bytes while that error event is unread;
+  segment gets a tag 0xF event of length 0 at once, its inputs are dropped,
+  and reads of EP 0x81 return zero bytes while that error event is unread.
+  A run whose computation fails (a kernel rejects these inputs, as LiteRT's
+  RSQRT rejects negative ones) is answered the same way, except that the
+  event's length is that of a UTF-8 reason, readable as above: a defect of
+  the model or its inputs, not of the stick, which stays usable;
 * anything else is a raw stream (an edgetpu_compiler program: DWN1
   instructions, parameters, inputs), which the simulated Edge TPU cannot
   execute.  It is recorded with its CRC-32 and dropped, and answered with an
@@ -27,7 +34,8 @@ first bytes of a payload tell what it is:
 
 Framing errors (a tag the host may not send, non-zero reserved header bytes,
 inputs of the wrong size or out of order) raise the fatal-error interrupt;
-the engine then answers nothing until a reset.
+the engine then answers nothing until a reset.  A reset also drops whatever
+a request left half done (a host interrupted mid-transfer resets the stick).
 """
 
 from __future__ import annotations
@@ -85,11 +93,18 @@ class BulkEngine:
         self.time_scale = time_scale
         self.kernels = dict(kernels or {})
         self.loaded: dict[bytes, _Loaded] = {}
+        # The kernels prepared for the segments loaded before the last reset, kept on
+        # the host side only: the stick forgets them and the host must load them
+        # again, but a reload after a reset (an interrupted run, a reopen) does not
+        # prepare the kernels again.
+        self._spare: dict[bytes, _Loaded] = {}
         self.last_run: dict = {}
         self.reset()
 
     def reset(self) -> None:
         """Power-on / port reset: loaded segments, queues and stream state are lost."""
+        if self.loaded:
+            self._spare = dict(self.loaded)
         self.loaded.clear()
         self._by_crc: dict[int, _Loaded] = {}
         self._header = bytearray()
@@ -101,6 +116,8 @@ class BulkEngine:
         self.events: deque[bytes] = deque()
         self.ready_at = 0.0
         self._error_events = 0
+        self._reasons: deque[bytes] = deque()   # of queued error events with a length
+        self._reason: memoryview | None = None   # readable on EP 0x81 until the next header
         self._raw_pending = False
         self.fatal: str | None = None
 
@@ -125,6 +142,7 @@ class BulkEngine:
                 self._finish(s)
 
     def _start(self, header: bytes) -> None:
+        self._reason = None
         length, word = HEADER.unpack(header)
         tag = word & 0xFF
         entry = self._record("bulk_out", tag=tag, length=length, ep=0x01, kind=None)
@@ -204,18 +222,29 @@ class BulkEngine:
         if tag == TAG_ERROR:
             self._error_events += 1
 
+    def _refuse(self, error: Exception) -> None:
+        """A tag 0xF event whose length is that of the reason that follows it."""
+        reason = (str(error) or type(error).__name__).encode("utf-8", "replace")[:4096]
+        self._reasons.append(reason)
+        self._event(len(reason), TAG_ERROR)
+
     def _load(self, program: bytes) -> None:
         key = program[:seg_codec.HEADER_SIZE]
         if key in self.loaded:
             self._event(len(program), TAG_INTERRUPT0)
             return
+        spare = self._spare.pop(key, None)
         try:
-            segment = seg_codec.decode(program)
-            runner = SegmentRunner(segment, self.kernels)
+            if spare is not None:
+                segment, runner = spare.segment, spare.runner
+                runner.reset()      # variable tensors (LSTM state) start over
+            else:
+                segment = seg_codec.decode(program)
+                runner = SegmentRunner(segment, self.kernels)
         except Exception as e:      # any reason the program cannot run on this stick
             log.warning("simulated stick: cannot load segment: %s", e)
             self._record("load_failed", length=len(program), error=str(e))
-            self._event(len(program), TAG_ERROR)
+            self._refuse(e)
             return
         elsewhere = sum(h.estimate.cached_bytes for h in self.loaded.values()
                         if h.estimate is not None)
@@ -255,9 +284,16 @@ class BulkEngine:
                 t = seg.tensors[tid]
                 arrays.append(np.frombuffer(data, numpy_dtype(t.dtype).newbyteorder("<"))
                               .reshape(t.shape))
-            outputs = handle.runner.run(arrays)
         except Exception as e:
-            self._fatal(f"segment run failed: {e}")
+            self._fatal(f"segment inputs do not decode: {e}")
+            return
+        try:
+            outputs = handle.runner.run(arrays)
+        except Exception as e:      # the model or its inputs, not the stick: refuse the run
+            log.warning("simulated stick: segment run failed: %s", e)
+            self.last_run = {}
+            self._record("run_failed", error=str(e))
+            self._refuse(e)
             return
         total = 0
         for tid, out in zip(seg.outputs, outputs):
@@ -294,6 +330,9 @@ class BulkEngine:
                 return bytes(head)
             self.outputs[0] = head[size:]
             return bytes(head[:size])
+        if self._reason is not None:
+            head, self._reason = self._reason[:size], self._reason[size:] or None
+            return bytes(head)
         if self._error_events:
             return b""          # the run was refused: a zero-length packet, see the event
         if self._raw_pending:   # test-only DWN1 switch: the program was not executed
@@ -307,6 +346,8 @@ class BulkEngine:
             record = self.events.popleft()
             if record[12] == TAG_ERROR:
                 self._error_events -= 1
+                if record[8:12] != b"\0\0\0\0":     # a reason follows on EP 0x81
+                    self._reason = memoryview(self._reasons.popleft())
             return record
         if self._raw_pending:
             self._raw_pending = False

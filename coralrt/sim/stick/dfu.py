@@ -11,6 +11,12 @@ dfuIDLE returns the manifested image for verification.
 must then wait bwPollTimeout before the next request, else the request
 stalls.  A block number out of sequence is reported by the next GETSTATUS as
 errADDRESS / dfuERROR.  Any image of at least one byte is accepted.
+
+A request the device stalls puts it in dfuERROR with errSTALLEDPKT (DFU 1.1:
+"device stalled an unexpected request"); in dfuERROR only GETSTATUS and
+GETSTATE are answered (the state stays), CLRSTATUS returns to dfuIDLE, and
+everything else (DNLOAD, UPLOAD, ABORT) stalls again.  :meth:`usb_reset`
+(a port reset) is the other way out.
 """
 
 from __future__ import annotations
@@ -69,6 +75,11 @@ class DfuMachine:
     @property
     def state_name(self) -> str:
         return DFU_STATES[self.state]
+
+    def stalled(self) -> None:
+        """The request was stalled outside the state machine (an injected fault):
+        like any stalled request, it leaves the device in dfuERROR / errSTALLEDPKT."""
+        self.state, self.status = ERROR, ERR_STALLEDPKT
 
     def _stall(self, why: str):
         self.state, self.status = ERROR, ERR_STALLEDPKT

@@ -6,7 +6,14 @@ machine (bootloader) or the register file (running, vendor requests of the
 reference §1.5); bulk transfers reach the :class:`~coralrt.sim.stick.bulk.BulkEngine`.
 A USB reset after a successful download re-enumerates the stick in running
 mode at a new address (after a delay with the "slow_reenumeration" fault);
-handles opened before then fail with ENODEV, as libusb's do.
+handles opened before then fail with ENODEV, as libusb's do.  A USB reset in
+bootloader mode before any image was manifested restarts the bootloader in
+dfuIDLE, whatever state it was in (dfuERROR included): libedgetpu resets the
+port and then sends DNLOAD without clearing anything (reference §1.3), which
+works only if the Coral bootloader comes back idle.  A DFU class request the
+bootloader stalls (an injected "stall" included) leaves it in dfuERROR with
+errSTALLEDPKT, as DFU 1.1 says of every stalled request; it stays there until
+CLRSTATUS or a reset.
 
 The chip accepts bulk-out data only once the bring-up has set
 ``scalarCoreRunControl`` (0x44018) to 1 (run); before that, or after a halt,
@@ -61,6 +68,19 @@ def usb_error(code: int, detail: str = "") -> usb.core.USBError:
     return cls(f"{text} [simulated: {detail}]" if detail else text, lib, code)
 
 
+class _Cond(threading.Condition):
+    """A Condition whose ``with`` takes and drops its lock in C.
+
+    ``threading.Condition.__enter__`` is Python code: a KeyboardInterrupt can
+    land in it just after the lock was taken, and the ``with`` block, never
+    entered, never releases it; every other thread using the stick would then
+    hang.  Looked up through these properties, the lock's own C methods run.
+    """
+
+    __enter__ = property(lambda self: self._lock.__enter__)
+    __exit__ = property(lambda self: self._lock.__exit__)
+
+
 class SimulatedStick:
     def __init__(self, backend, index: int, *, firmware_loaded: bool, usb_speed: str,
                  latency=None, kernels=None, trace=None, time_scale=1.0):
@@ -69,7 +89,7 @@ class SimulatedStick:
         self.usb_speed = usb_speed
         self.bus = 2 if usb_speed == "usb3" else 1
         self.ports = (index + 1,)
-        self.cond = threading.Condition(threading.RLock())
+        self.cond = _Cond(threading.RLock())
         self.registers = RegisterFile(trace) if trace is not None else RegisterFile()
         self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
                                  kernels=kernels, time_scale=time_scale,
@@ -137,7 +157,15 @@ class SimulatedStick:
                 return None
             # Data delayed by the latency model becomes ready without a notify.
             pending = self.engine.ready_at - now
-            self.cond.wait(min(end - now, pending + 0.0005) if pending > 0 else end - now)
+            try:
+                self.cond.wait(min(end - now, pending + 0.0005) if pending > 0 else end - now)
+            except BaseException:
+                # A signal (Ctrl-C) can land inside Condition.wait after it let the
+                # lock go and before it took it back; take it back, or the caller's
+                # `with self.cond` fails to release it (RuntimeError).
+                if not self.cond._is_owned():
+                    self.cond.acquire()
+                raise
 
     def _cap(self, timeout_ms) -> float:
         limit = self.backend.max_wait
@@ -158,8 +186,10 @@ class SimulatedStick:
         self._record("fatal", value=FATAL_INTERRUPT_BIT, detail=reason)
         self.cond.notify_all()
 
-    def _faults(self, timeout_ms, generation: int) -> None:
-        """Count a bulk/control transfer and fire the injected fault that is due."""
+    def _faults(self, timeout_ms, generation: int, dfu_request: bool = False) -> None:
+        """Count a bulk/control transfer and fire the injected fault that is due
+        (``dfu_request``: a DFU class request to the bootloader, which a stall
+        leaves in dfuERROR)."""
         due = None
         for f in self.faults:
             if f.kind == "slow_reenumeration":
@@ -176,6 +206,8 @@ class SimulatedStick:
         if due.kind == "timeout":
             raise self._timeout(timeout_ms, generation, "injected timeout")
         if due.kind == "stall":
+            if dfu_request:
+                self.dfu.stalled()
             raise usb_error(errno.EPIPE, "injected stall")
         if due.kind == "disconnect":
             self.disconnect()
@@ -229,10 +261,11 @@ class SimulatedStick:
                 timeout_ms) -> int:
         with self.cond:
             self.check(handle.generation)
-            self._faults(timeout_ms, handle.generation)
+            kind = (rtype >> 5) & 3
+            self._faults(timeout_ms, handle.generation,
+                         dfu_request=kind == 1 and self.mode == "bootloader")
             data_in = bool(rtype & 0x80)
             mv = memoryview(buff).cast("B")
-            kind = (rtype >> 5) & 3
             if kind == 0:
                 reply = self._standard(rtype, request, value, index, mv)
             elif kind == 1:
