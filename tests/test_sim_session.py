@@ -150,3 +150,25 @@ def test_sim_outputs_are_deterministic_across_sessions():
     b = InferenceSession(path, target="sim").run(x)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_state_tensor_returned_as_an_output_matches_the_cpu_on_sim():
+    # An LSTM's state (a variable tensor) added to the model's outputs: LiteRT returns
+    # it; on sim the operator stays on the CPU and its piece returns the state too.
+    from coralrt.compile.cache import CompileCache
+    from coralrt.model import load_model
+
+    model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
+    state = next(i for i, t in enumerate(model.main.tensors) if t.is_variable)
+    model.main.outputs.append(state)
+    data = model.to_bytes()
+    cpu = InferenceSession(data, target="cpu")
+    sim = InferenceSession(data, target="sim", cache=CompileCache(enabled=False))
+    assert any("state the model also returns" in row[2]
+               for row in sim.compile_info["placement"])
+    x = random_inputs(cpu.get_inputs(), seed=3)
+    for _ in range(2):     # the state carries over between runs on both targets
+        want, got = cpu.run(x), sim.run(x)
+        assert want.keys() == got.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])

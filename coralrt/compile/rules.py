@@ -329,6 +329,11 @@ class RuleRegistry:
             if t is not None and t.extra.get("sparsity"):
                 return (f"{UNSPECIFIED_LIMITATION}: input {k} is a sparse tensor; "
                         f"Edge TPU segments take dense constants only")
+            # A segment keeps its state tensors to itself; one the model also
+            # returns must stay where the CPU backend can hand it out.
+            if t is not None and t.is_variable and view.op.inputs[k] in view.sg.outputs:
+                return (f"{UNSPECIFIED_LIMITATION}: input {k} is state the model also "
+                        f"returns as an output; an Edge TPU segment keeps its state inside")
         act = view.options.get("fused_activation_function")
         if act is not None and ACTIVATIONS.get(act, str(act)) not in support.activations:
             return (f"{UNSPECIFIED_LIMITATION}: fused activation "

@@ -127,13 +127,20 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
         if not pending:
             return
         piece = extract(compiled, pending)
+        outputs = list(piece.outputs)
+        # State (variable) tensors the model returns: no operator produces them, the
+        # piece's interpreter updates them in place, so the piece must return them too.
+        for t in sg.outputs:
+            if sg.tensors[t].is_variable and t in piece.tensor_map and t not in outputs:
+                piece.model.main.outputs.append(piece.tensor_map[t])
+                outputs.append(t)
         runnable = with_explicit_biases(piece.model) or piece.model
         program = backend.load(runnable.to_bytes(), num_threads=num_threads,
                                kernels=cpu_kernels)
         names = sorted({sg.operators[i].name for i in pending})
         steps.append(Step("cpu", f"cpu: {len(pending)} op(s) ({', '.join(names[:4])}"
                                  f"{', ...' if len(names) > 4 else ''})",
-                          list(pending), piece.inputs, piece.outputs, program.run))
+                          list(pending), piece.inputs, outputs, program.run))
         pending.clear()
 
     for i, op in enumerate(sg.operators):
