@@ -26,6 +26,7 @@ from flatbuffers import flexbuffers
 
 from coralrt.errors import ExecutableError, ModelError
 from coralrt.formats import dwn1
+from coralrt.formats.flexreader import FlexReader
 from coralrt.model import flatbuf, load_model
 from coralrt.model.builder import ModelBuilder
 
@@ -258,7 +259,7 @@ def test_custom_options_of_a_well_formed_map_decode_as_flexbuffers_does():
 
 def test_flex_bomb_is_a_well_formed_map():
     # The generator is right: a small instance reads back as the shared values.
-    opts = dwn1.FlexReader(memoryview(flex_bomb(3, 2, 5))).root_map()
+    opts = FlexReader(memoryview(flex_bomb(3, 2, 5))).root_map()
     assert opts == {"a": [[0] * 5] * 2}
 
 

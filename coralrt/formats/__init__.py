@@ -3,7 +3,8 @@
 ``opnames.py`` names the custom operators (one constant per name);
 ``segment.py``, ``memplan.py`` and ``segment_codec.py`` are coralrt's native
 segment (data, on-chip memory plan, byte codec; docs/segment-format.md);
-``dwn1.py`` and ``dwn1_schema.py`` parse edgetpu_compiler's DWN1 packages.
+``dwn1.py``, ``dwn1_schema.py`` and ``flexreader.py`` (the FlexBuffer wrapper
+of a package) parse edgetpu_compiler's DWN1 packages.
 
 May import: errors, config, model (``opnames`` imports nothing, so the model
 layer may use it).

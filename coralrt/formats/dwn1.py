@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from coralrt.errors import ExecutableError
 from coralrt.model.flatbuf import DecodeBudget, FlatbufferError, decode_root
+from coralrt.formats.flexreader import FlexReader
 from coralrt.formats.dwn1_schema import (
-    IDENTIFIER, LAYOUT, UNIONS, FlexReader, Layer, OutputLayout, TensorSlice, binary_strings,
+    IDENTIFIER, LAYOUT, UNIONS, Layer, OutputLayout, TensorSlice, binary_strings,
     enum_name, layer_from_table,
 )
 

@@ -24,7 +24,8 @@ from coralrt.errors import ExecutableError, ModelError
 from coralrt.model import load_model
 from coralrt.model.flatbuf import decode_root
 from coralrt.formats.dwn1 import describe, parse_package, select_executables
-from coralrt.formats.dwn1_schema import LAYOUT, UNIONS, FlexReader, binary_strings
+from coralrt.formats.dwn1_schema import LAYOUT, UNIONS, binary_strings
+from coralrt.formats.flexreader import FlexReader
 
 V1 = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 V2 = "edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite"
