@@ -17,6 +17,7 @@ from coralrt.backends import get_backend
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.plugins.host import plugin_host
+from coralrt.runtime.program import completed
 from coralrt.tensors import TensorInfo
 
 __all__ = ["InferenceSession", "TARGETS"]
@@ -172,13 +173,7 @@ class InferenceSession:
         arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
         names = self._output_names
         if self._dynamic:    # resizing and running must stay one atomic pair
-            future: Future = Future()
-            future.set_running_or_notify_cancel()
-            try:
-                future.set_result(self.run(arrays))
-            except Exception as e:  # noqa: BLE001 - delivered through the future
-                future.set_exception(e)
-            return future
+            return completed(lambda: self.run(arrays))
         inner = self._program.submit(arrays)
         outer: Future = Future()
         outer.set_running_or_notify_cancel()

@@ -16,7 +16,6 @@ over the segment bytes (see ``_segment_problem``).
 
 from __future__ import annotations
 
-import functools
 import logging
 import struct
 import time
@@ -32,6 +31,7 @@ from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES
 from coralrt.compile.rules import RULES_VERSION
 from coralrt.errors import ConfigError, ModelError
+from coralrt.formats.crc import crc32_combine
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.formats.segment_codec import FORMAT_VERSION, HEADER_SIZE, MAGIC
 from coralrt.model import Model, load_model
@@ -173,7 +173,6 @@ def _cached_model(entry: Entry, key: str, cache: CompileCache) -> Model | None:
 # the verified value if and only if every claim is right.
 
 _SEGMENT_HEAD = struct.Struct("<8sHHIQI")  # magic, version, flags, header size, total, CRC-32
-_POLY = 0xEDB88320                         # CRC-32, reflected (zlib)
 
 
 def _segment_problem(compiled: Model, entry: Entry) -> str | None:
@@ -226,44 +225,6 @@ def _claimed_crc(data: bytes, spans) -> int:
     """CRC-32 of ``data`` if each span's bytes had the CRC-32 claimed for them."""
     view, crc, pos = memoryview(data), 0, 0
     for start, length, claimed in spans:
-        crc = _crc32_combine(zlib.crc32(view[pos:start], crc), claimed, length)
+        crc = crc32_combine(zlib.crc32(view[pos:start], crc), claimed, length)
         pos = start + length
     return zlib.crc32(view[pos:], crc)
-
-
-def _multmodp(a: int, b: int) -> int:
-    """a * b modulo the CRC-32 polynomial (bit-reflected, as zlib's crc32.c)."""
-    m, p = 1 << 31, 0
-    while m:
-        if a & m:
-            p ^= b
-            if not a & (m - 1):
-                break
-        m >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-    return p
-
-
-@functools.lru_cache(maxsize=1)
-def _x2n_table() -> tuple[int, ...]:
-    table = [1 << 30]  # x^1; then x^(2^n)
-    for _ in range(31):
-        table.append(_multmodp(table[-1], table[-1]))
-    return tuple(table)
-
-
-@functools.lru_cache(maxsize=256)
-def _x8n(n: int) -> int:
-    """x^(8n) modulo the polynomial: what appending n bytes multiplies a CRC by."""
-    table, p, k = _x2n_table(), 1 << 31, 3
-    while n:
-        if n & 1:
-            p = _multmodp(table[k & 31], p)
-        n >>= 1
-        k += 1
-    return p
-
-
-def _crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32 of A + B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine)."""
-    return _multmodp(_x8n(len2), crc1) ^ crc2

@@ -4,7 +4,8 @@
 ``segment.py``, ``memplan.py`` and ``segment_codec.py`` are coralrt's native
 segment (data, on-chip memory plan, byte codec; docs/segment-format.md);
 ``dwn1.py``, ``dwn1_schema.py`` and ``flexreader.py`` (the FlexBuffer wrapper
-of a package) parse edgetpu_compiler's DWN1 packages.
+of a package) parse edgetpu_compiler's DWN1 packages; ``crc.py`` combines
+CRC-32s of pieces (the compile cache checks segment CRCs with it).
 
 May import: errors, config, model (``opnames`` imports nothing, so the model
 layer may use it).

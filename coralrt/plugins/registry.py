@@ -134,13 +134,21 @@ class OpRegistry:
         return f"v{support.max_version}:{sorted(support.activations)}:{checks}"
 
 
-class OpRegistration:
-    """What a plugin's ``coralrt_register_ops`` hook receives: the registry's
-    ``add`` methods, each entry recorded as ``plugin``'s."""
+class _Registration:
+    """A registry as one plugin's registration hook sees it: what it adds is
+    recorded as that plugin's (``plugin``)."""
 
-    def __init__(self, registry: OpRegistry, plugin: str) -> None:
+    def __init__(self, registry, plugin: str) -> None:
         self._registry = registry
         self.plugin = plugin
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} for {self.plugin}>"
+
+
+class OpRegistration(_Registration):
+    """What a plugin's ``coralrt_register_ops`` hook receives: the registry's
+    ``add`` methods, each entry recorded as ``plugin``'s."""
 
     def add_kernel(self, op_name: str, fn: CpuKernel) -> None:
         """A CPU kernel ``fn(inputs, op) -> outputs`` for ``op_name``."""
@@ -149,9 +157,6 @@ class OpRegistration:
     def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable) -> None:
         """Declare ``op_name`` Edge TPU-compatible (simulated device) with its integer kernel."""
         self._registry.add_tpu_op(op_name, support, kernel_factory, plugin=self.plugin)
-
-    def __repr__(self) -> str:
-        return f"<OpRegistration for {self.plugin}>"
 
 
 # -- compilers -------------------------------------------------------------------------------
@@ -207,19 +212,12 @@ class CompilerRegistry:
         return entry.plugin if entry is not None else None
 
 
-class CompilerRegistration:
+class CompilerRegistration(_Registration):
     """What a plugin's ``coralrt_register_compilers`` hook receives."""
-
-    def __init__(self, registry: CompilerRegistry, plugin: str) -> None:
-        self._registry = registry
-        self.plugin = plugin
 
     def add(self, compiler) -> None:
         """Register ``compiler`` (``id``, ``version``, ``runs_on``, ``compile_segment``)."""
         self._registry.add(compiler, plugin=self.plugin)
-
-    def __repr__(self) -> str:
-        return f"<CompilerRegistration for {self.plugin}>"
 
 
 # -- devices ---------------------------------------------------------------------------------
@@ -264,16 +262,10 @@ class DeviceRegistry:
         return entry.factory(**options)
 
 
-class DeviceRegistration:
+class DeviceRegistration(_Registration):
     """What a plugin's ``coralrt_register_devices`` hook receives."""
-
-    def __init__(self, registry: DeviceRegistry, plugin: str) -> None:
-        self._registry = registry
-        self.plugin = plugin
 
     def add(self, kind: str, factory: Callable) -> None:
         """Register device kind ``kind``; ``factory(**options)`` returns an unopened device."""
         self._registry.add(kind, factory, plugin=self.plugin)
 
-    def __repr__(self) -> str:
-        return f"<DeviceRegistration for {self.plugin}>"

@@ -28,7 +28,7 @@ import numpy as np
 
 from coralrt.errors import InputError
 
-__all__ = ["Program", "NoLock", "STATIC_SHAPES"]
+__all__ = ["Program", "NoLock", "STATIC_SHAPES", "completed"]
 
 STATIC_SHAPES = ("Edge TPU programs have static input shapes; this model's inputs cannot "
                  "be resized")
@@ -48,6 +48,17 @@ class NoLock:
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+def completed(fn) -> Future:
+    """A future already holding ``fn()``'s result, or the exception it raised."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    try:
+        future.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - delivered through the future
+        future.set_exception(e)
+    return future
 
 
 class Program:
@@ -78,14 +89,10 @@ class Program:
     def submit(self, inputs: list[np.ndarray]) -> Future:
         """A future of :meth:`run`'s result.  This default runs the request
         before returning; a pipelined program overlaps requests instead."""
-        future: Future = Future()
-        future.set_running_or_notify_cancel()
-        try:
+        def locked_run():
             with self.lock:
-                future.set_result(self.run(inputs))
-        except Exception as e:  # noqa: BLE001 - delivered through the future
-            future.set_exception(e)
-        return future
+                return self.run(inputs)
+        return completed(locked_run)
 
     def close(self) -> None:
         """Release what the program holds (worker threads); idempotent."""

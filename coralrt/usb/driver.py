@@ -160,18 +160,15 @@ class UsbEdgeTpu(EdgeTpuDevice):
             t = Transport(dev, timeout=self.timeout, path=info.path)
             self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed)
             # A fatal error raised during bring-up would otherwise show only as the
-            # first run's timeout: look at the interrupt endpoint before handing out.
+            # first run's timeout: read the fatal status before handing the stick out
+            # (the interface and handle are let go below, as on every failure).
             word = bringup.pending_fatal(t)
             if word is not None:
                 detail = bringup.describe_fatal(t, word)
-                try:    # (the handle itself is closed below, as on every failure)
-                    usb.util.release_interface(dev, C.ML_INTERFACE)
-                except (usb.core.USBError, OSError) as e:
-                    log.debug("%s: release after a fatal error: %s", info.path, e)
-                raise DeviceLostError(f"{info.path}: the stick raised a fatal-error interrupt "
-                                      f"while it was being opened ({detail}); open it again, "
-                                      f"which resets it; if that fails too, unplug and "
-                                      f"replug it", path=info.path)
+                raise DeviceLostError(f"{info.path}: the stick raised a fatal error while it "
+                                      f"was being opened ({detail}); open it again, which "
+                                      f"resets it; if that fails too, unplug and replug it",
+                                      path=info.path)
         except BaseException:
             # A claim left by an open cut short (Ctrl-C during a resync) would make
             # the next open find the interface busy.

@@ -103,7 +103,7 @@ def test_a_fatal_interrupt_during_open_is_raised_by_open(program, usb_speed):
             open_device(backend=b, timeout=TIMEOUT)
         assert time.monotonic() - start < TIMEOUT + SLACK
         text = str(info.value)
-        assert "fatal-error interrupt while it was being opened" in text
+        assert "raised a fatal error while it was being opened" in text
         assert "hib_error_status 0x1" in text and "open it again" in text
         assert b.devices[0].claimed_by is None          # interface 0 released
         assert not list(lock_dir().glob("*.pid"))       # and the lock
