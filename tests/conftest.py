@@ -64,6 +64,29 @@ def shared_model_names(*, compiled: bool | None = None) -> list[str]:
     return model_params(names)
 
 
+EXTRA_MODELS_ENV = "CORALRT_EXTRA_MODELS"
+
+
+def extra_model_paths(*, compiled: bool | None = None) -> list:
+    """``pytest.param`` per real model in the folders named by ``CORALRT_EXTRA_MODELS``.
+
+    The variable lists folders (``os.pathsep``-separated) of further real
+    models, such as a checkout of Coral's public test data; they are searched
+    recursively.  Unset, this is one skipped param that says how to enable it,
+    so the real-model checks stay visible in every run.
+    """
+    import os
+
+    folders = [Path(f) for f in os.environ.get(EXTRA_MODELS_ENV, "").split(os.pathsep) if f]
+    if not folders:
+        reason = f"{EXTRA_MODELS_ENV} is not set (folders of further real .tflite models)"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason))]
+    paths = sorted(p for f in folders for p in f.rglob("*.tflite"))
+    if compiled is not None:
+        paths = [p for p in paths if p.name.endswith("_edgetpu.tflite") == compiled]
+    return [pytest.param(p, id=str(p.name)) for p in paths]
+
+
 def run_litert(model_bytes: bytes, inputs: list, kernels: str = "optimized") -> list:
     """Run ``model_bytes`` directly in the LiteRT interpreter (the yardstick)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
