@@ -108,8 +108,18 @@ class InferenceSession:
     def profile(self) -> list[dict]:
         """Per step of the last ``run``: kind ("tpu"/"cpu"/"plugin"), label, host
         seconds and, for Edge TPU steps, the device seconds (the latency model's
-        estimate on the simulated stick)."""
-        return self._program.profile()
+        estimate on the simulated stick).
+
+        On ``sim`` and ``coral``, when no operator reached the Edge TPU, every
+        row also has a ``note`` saying so and why (the commonest reason).
+        """
+        rows = self._program.profile()
+        if self.target != "cpu" and self.compile_info is not None \
+                and not any(r["kind"] == "tpu" for r in rows):
+            note = ("no Edge TPU segment: the whole model runs on the CPU ("
+                    + targets.no_segment_reason(self.compile_info) + ")")
+            rows = [{**r, "note": note} for r in rows]
+        return rows
 
     # -- description ----------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from coralrt.backends.base import CpuBackend
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt.model import Model, load_model
+from coralrt.model.compiled import compiled_by, expected_plain, not_on_host, plain_sibling
 from coralrt.model.fixups import with_explicit_biases
 from coralrt.plugins.host import PluginHost
 from coralrt.runtime.device import EdgeTpuDevice
@@ -37,9 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick"]
 
 log = logging.getLogger("coralrt.session")
-
-COMPILED_ELSEWHERE = ("this model was compiled by edgetpu_compiler (it contains "
-                      "edgetpu-custom-op) and only runs on an Edge TPU")
 
 #: What ``device=`` accepts: an open device, a path ("usb:0", a port path), or a list of those.
 DeviceSpec = Union[EdgeTpuDevice, str, Sequence[Union[EdgeTpuDevice, str]], None]
@@ -78,11 +76,25 @@ def _program(model: Model, devices: list[EdgeTpuDevice], o: Options,
                          override_builtins=o.override_builtins)
 
 
+def _host_runnable(source, model: Model, target: str):
+    """``(source, model)`` the host can run in place of a compiled ``model``: the
+    plain ``X.tflite`` beside an ``X_edgetpu.tflite`` (said in the log), or a
+    ModelError saying what runs it and where its plain model is expected."""
+    by = compiled_by(model)
+    if by is None or (by == "coralrt" and target == "sim"):
+        return source, model
+    plain = plain_sibling(source) if by == "edgetpu_compiler" else None
+    if plain is None:
+        raise ModelError(not_on_host(model, source))
+    log.warning("%s was compiled by edgetpu_compiler and runs only on a Coral USB "
+                "Accelerator; running the plain model beside it, %s, on target '%s'",
+                source, plain, target)
+    return plain, load_model(plain)
+
+
 def prepare_cpu(source, o: Options, parsed: Model | None = None) -> Prepared:
     model = parsed or load_model(source)  # errors name the file when given a path
-    if model.is_edgetpu_compiled:
-        raise ModelError(COMPILED_ELSEWHERE + "; use the plain, uncompiled .tflite with "
-                         "target='cpu'")
+    source, model = _host_runnable(source, model, "cpu")
     kernels = o.host.ops.kernels
     if o.host.wraps_steps or any(op.name in kernels and (op.opcode.is_custom
                                                          or o.override_builtins)
@@ -134,7 +146,15 @@ def _on_devices(model: Model, o: Options, default, compile_info) -> Prepared:
 
 
 def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
+    if parsed is None and expected_plain(source) is not None:
+        parsed = load_model(source)  # named like an edgetpu_compiler output: look inside
+    if parsed is not None:
+        source, parsed = _host_runnable(source, parsed, "sim")
     jit = _jit(source, o, o.host.compilers.for_device("sim"), parsed)
+    if compiled_by(jit.model) != "coralrt":  # no coralrt-segment: nothing for the stick
+        log.warning("target 'sim': no operator of this model maps to the Edge TPU, so it "
+                    "runs entirely on the CPU (%s); see 'coralrt partition' for each "
+                    "operator's reason", no_segment_reason(jit.compile_info))
 
     def fresh_stick() -> EdgeTpuDevice:
         device = o.host.devices.create("sim", kernels=o.host.ops.sim_kernels())
@@ -142,6 +162,15 @@ def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
         return device
 
     return _on_devices(jit.model, o, fresh_stick, jit.compile_info)
+
+
+def no_segment_reason(compile_info: dict) -> str:
+    """The commonest reason the compiler gave for keeping operators on the CPU."""
+    reasons = [row[2] for row in compile_info.get("placement") or () if row and row[0] == "cpu"]
+    if not reasons:
+        return "the model has no operators"
+    top = max(set(reasons), key=reasons.count)
+    return f"{reasons.count(top)} of {len(reasons)} operators: {top}"
 
 
 def open_stick(device):
@@ -191,14 +220,15 @@ def choose_auto(source, o: Options) -> tuple[str, Model | None]:
         return "coral", None
     from coralrt.usb import list_devices
     try:
-        sticks = list_devices()
+        sticks, why = list_devices(), "no Coral USB Accelerator found"
     except Exception as e:  # no libusb, no permission to enumerate: not a reason to fail
-        log.info("target 'auto': running on the CPU (cannot list USB devices: %s)", e)
-        return "cpu", None
-    if not sticks:
-        log.info("target 'auto': running on the CPU (no Coral USB Accelerator found)")
-        return "cpu", None
+        sticks, why = [], f"cannot list USB devices: {e}"
     model = load_model(source)
+    if not sticks:
+        if compiled_by(model) == "edgetpu_compiler" and plain_sibling(source) is None:
+            raise ModelError(not_on_host(model, source, no_stick=True))
+        log.info("target 'auto': running on the CPU (%s)", why)
+        return "cpu", model
     if not model.is_edgetpu_compiled and o.host.compilers.for_device("usb") is None:
         log.info("target 'auto': running on the CPU (a stick is present but the model is not "
                  "compiled for the Edge TPU and edgetpu_compiler is not available)")

@@ -14,6 +14,7 @@ from coralrt.compile.driver import compile_log, compile_model
 from coralrt.compile.partition import MODES
 from coralrt.fileio import atomic_write
 from coralrt.model import load_model
+from coralrt.model.compiled import refuse_compiled
 
 __all__ = ["add_parser", "command"]
 
@@ -47,6 +48,7 @@ def command(args) -> int:
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} exists; pass --force to overwrite it")
     model = load_model(src)
+    refuse_compiled(model, str(src))
     log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), args.mode)
     compiler = None
     if args.compiler == "edgetpu_compiler":

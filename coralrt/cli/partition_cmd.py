@@ -12,6 +12,7 @@ from pathlib import Path
 from coralrt.cli._text import dumps, size_str, table
 from coralrt.compile.partition import MODES, PartitionPlan, partition, summary_lines
 from coralrt.model import load_model
+from coralrt.model.compiled import refuse_compiled
 
 __all__ = ["add_parser", "command", "format_plan"]
 
@@ -32,6 +33,7 @@ def add_parser(sub, parents) -> None:
 
 def command(args) -> int:
     model = load_model(Path(args.model))
+    refuse_compiled(model, args.model)
     plan = partition(model, args.mode)
     print(dumps(plan.to_dict()) if args.json else format_plan(plan, args.model))
     return 0

@@ -32,6 +32,7 @@ from coralrt.compile.partition import (
 )
 from coralrt.compile.rules import UNSPECIFIED_LIMITATION
 from coralrt.errors import ModelError, SegmentNotMapped, SegmentTooLargeError
+from coralrt.model.compiled import compiled_by, not_recompilable
 from coralrt.model.extract import extract
 from coralrt.model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
 
@@ -64,10 +65,10 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler
     the compiler did not map whole (default 32), beyond one run per planned
     segment; pieces left when it is spent stay on the CPU.
     """
-    if model.is_edgetpu_compiled:
-        raise ModelError("this model was already compiled by edgetpu_compiler (it contains "
-                         "edgetpu-custom-op); its Edge TPU programs only run with "
-                         "target='coral'. Compile the plain .tflite instead")
+    # A coralrt-compiled model passes (its segments stay as they are, for
+    # target='sim'); the CLI's compile and partition refuse both kinds.
+    if compiled_by(model) == "edgetpu_compiler":
+        raise ModelError(not_recompilable(model))
     start = time.perf_counter()
     compiler = compiler or NativeCompiler()
     plan = plan or partition(model, mode, rules=rules)
