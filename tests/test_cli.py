@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import subprocess
@@ -15,6 +16,7 @@ from conftest import MODELS_DIR, REPO_ROOT, model_params, shared_model
 
 import coralrt
 from coralrt import InferenceSession, TensorInfo
+from coralrt.errors import COMPILER_HELP
 from coralrt.cli.main import main
 from coralrt.cli.run_cmd import random_input
 from coralrt.cli.demo_model import build_demo_model, demo_input
@@ -390,7 +392,16 @@ def test_run_unavailable_target(capsys):
     # A plain model on a real stick needs edgetpu_compiler, which is not installed here.
     code, _, err = cli(capsys, "run", shared_model(MOBILENET), "--target", "coral")
     assert code == 1
-    assert_one_line_error(err, "edgetpu_compiler")
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("coralrt: error: ") and "Traceback" not in err
+    # The install steps keep their lines, each command whole and paste-able,
+    # and no URL is split.
+    assert any(line.startswith("  curl -fsSL https://packages.cloud.google.com/apt/doc/"
+                               "apt-key.gpg | sudo gpg --dearmor") for line in lines)
+    assert any(line.strip() == "sudo apt-get update && sudo apt-get install edgetpu-compiler"
+               for line in lines)
+    for url in re.findall(r"https?://\S+", err):
+        assert url in COMPILER_HELP
 
 
 def test_run_auto_target_logs_at_info(capsys):

@@ -249,17 +249,60 @@ def test_firmware_check_branches(tmp_path, monkeypatch):
     assert c.status == "ok" and not c.fix
 
 
-def test_cpu_backend_and_versions():
-    c = D.check_cpu_backend()
-    assert c.status == "ok" and c.found
+def test_cpu_backends_and_versions():
+    checks = D.check_cpu_backends()
+    by_name = {c.name: c for c in checks}
+    assert by_name["CPU backend litert"].status == "ok"
+    assert "used by default" in by_name["CPU backend litert"].found
+    tfl = by_name["CPU backend tflite_runtime"]
+    if tfl.status != "ok":   # installed only where its wheels exist (Python <= 3.11)
+        assert tfl.status == "info" and "tflite" in tfl.found
 
-    def missing():
-        raise BackendUnavailableError("no CPU backend is installed")
-    c = D.check_cpu_backend(missing)
-    assert c.status == "fail" and "pip install ai-edge-litert" in c.fix
+    def none_usable():
+        return [{"name": "litert", "usable": False, "version": None,
+                 "reason": "CPU backend 'litert' is not installed"},
+                {"name": "tflite_runtime", "usable": False, "version": None,
+                 "reason": "no wheels for Python 3.12 or newer"}]
+    checks = D.check_cpu_backends(none_usable)
+    assert [c.status for c in checks] == ["fail", "fail"]
+    assert all("pip install ai-edge-litert" in c.fix for c in checks)
+    assert "Python 3.12" in checks[1].found
     import numpy as np
     v = D.check_python()
     assert v.status == "info" and np.__version__ in v.found
+
+
+def test_tflite_runtime_error_says_when_it_cannot_be_installed(monkeypatch):
+    import importlib.util
+    import sys
+    from coralrt.backends import litert
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tflite_runtime" else real(name, *a))
+    monkeypatch.setattr(litert, "NO_TFLITE_RUNTIME_WHEELS", sys.version_info[:2])
+    with pytest.raises(BackendUnavailableError) as e:
+        litert.TFLiteRuntimeBackend()
+    assert "no wheels for Python 3.12 or newer" in str(e.value)
+    assert "installs nothing" in str(e.value) and "ai-edge-litert" in str(e.value)
+    monkeypatch.setattr(litert, "NO_TFLITE_RUNTIME_WHEELS", (99, 0))
+    with pytest.raises(BackendUnavailableError) as e:
+        litert.TFLiteRuntimeBackend()
+    assert "pip install tflite-runtime 'numpy<2'" in str(e.value)
+
+
+def test_edgetpu_compiler_check(tmp_path):
+    c = D.check_edgetpu_compiler(lambda: None, machine="x86_64")
+    assert c.status == "info" and "not found" in c.found
+    c = D.check_edgetpu_compiler(lambda: None, machine="aarch64")
+    assert c.status == "info" and "does not run on aarch64" in c.found
+    fake = tmp_path / "edgetpu_compiler"
+    c = D.check_edgetpu_compiler(lambda: fake, version=lambda p: "16.0.384591198")
+    assert c.status == "ok" and "16.0.384591198" in c.found and str(fake) in c.found
+
+    def broken(p):
+        raise OSError(8, "Exec format error")
+    c = D.check_edgetpu_compiler(lambda: fake, version=broken)
+    assert c.status == "warn" and "Exec format error" in c.found
 
 
 def test_check_status_is_validated():
@@ -306,7 +349,7 @@ def test_doctor_exit_code_follows_the_checks(capsys):
     code, out, _ = cli(capsys, "doctor", "--simulated", "1", "--json")
     data = json.loads(out)
     statuses = [c["status"] for c in data["checks"]]
-    assert len(statuses) == 7 and set(statuses) <= set(D.STATUSES)
+    assert len(statuses) == 9 and set(statuses) <= set(D.STATUSES)
     assert data["ok"] is ("fail" not in statuses)
     assert code == (1 if "fail" in statuses else 0)
     for c in data["checks"]:

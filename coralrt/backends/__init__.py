@@ -26,6 +26,7 @@ __all__ = [
     "CpuProgram",
     "KERNEL_SETS",
     "available_backends",
+    "backend_report",
     "backend_names",
     "get_backend",
 ]
@@ -74,6 +75,21 @@ def get_backend(name: str | None = None) -> CpuBackend:
         if backend is None:
             backend = _instances[name] = cls()
     return backend
+
+
+def backend_report() -> list[dict]:
+    """Every known backend: ``name``, ``usable``, ``version`` (when usable) and
+    ``reason`` (why not, with what to do), in order of preference."""
+    report = []
+    for name in _REGISTRY:
+        try:
+            backend = get_backend(name)
+        except BackendUnavailableError as e:
+            report.append({"name": name, "usable": False, "version": None, "reason": str(e)})
+        else:
+            report.append({"name": name, "usable": True, "version": backend.version,
+                           "reason": None})
+    return report
 
 
 def available_backends() -> list[str]:

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import logging
 import re
+import sys
 from time import perf_counter as _clock
 from typing import Any
 
@@ -26,8 +27,14 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from .base import KERNEL_SETS, CpuBackend, CpuProgram
+from .native_log import native_info_to_log
 
-__all__ = ["LiteRTBackend", "TFLiteRuntimeBackend", "LiteRTProgram"]
+__all__ = ["LiteRTBackend", "TFLiteRuntimeBackend", "LiteRTProgram",
+           "NO_TFLITE_RUNTIME_WHEELS"]
+
+#: The first Python that tflite-runtime publishes no wheels for (its last
+#: release, 2.14.0, stops at Python 3.11).
+NO_TFLITE_RUNTIME_WHEELS = (3, 12)
 
 log = logging.getLogger("coralrt.backends")
 
@@ -175,10 +182,7 @@ class _InterpreterBackend(CpuBackend):
     def __init__(self) -> None:
         top = self._module.partition(".")[0]
         if importlib.util.find_spec(top) is None:
-            raise BackendUnavailableError(
-                f"CPU backend {self.name!r} is not installed; "
-                f"install it with `pip install {self._package}`"
-            )
+            raise BackendUnavailableError(self._not_installed())
         # Before the import: a broken native module may fail noisily on import.
         self._check_usable()
         try:
@@ -198,6 +202,10 @@ class _InterpreterBackend(CpuBackend):
     def _check_usable(self) -> None:
         pass
 
+    def _not_installed(self) -> str:
+        return (f"CPU backend {self.name!r} is not installed; "
+                f"install it with `pip install {self._package}`")
+
     def load(
         self,
         model_bytes: bytes,
@@ -215,18 +223,19 @@ class _InterpreterBackend(CpuBackend):
             model_bytes = bytes(model_bytes)
         if not model_bytes:
             raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
-        try:
-            interp = self._Interpreter(
-                model_content=model_bytes,
-                num_threads=num_threads,
-                experimental_op_resolver_type=resolver,
-            )
-        except (ValueError, RuntimeError) as e:
-            raise _translate(e, "load") from e
-        try:
-            interp.allocate_tensors()
-        except (ValueError, RuntimeError) as e:
-            raise _translate(e, "allocate") from e
+        with native_info_to_log():
+            try:
+                interp = self._Interpreter(
+                    model_content=model_bytes,
+                    num_threads=num_threads,
+                    experimental_op_resolver_type=resolver,
+                )
+            except (ValueError, RuntimeError) as e:
+                raise _translate(e, "load") from e
+            try:
+                interp.allocate_tensors()
+            except (ValueError, RuntimeError) as e:
+                raise _translate(e, "allocate") from e
         program = LiteRTProgram(interp, f"cpu: whole model ({self.name})")
         log.debug(
             "%s %s loaded %d-byte model: kernels=%s num_threads=%s, %d inputs, %d outputs",
@@ -250,6 +259,16 @@ class TFLiteRuntimeBackend(_InterpreterBackend):
     name = "tflite_runtime"
     _module = "tflite_runtime.interpreter"
     _package = "tflite-runtime"
+
+    def _not_installed(self) -> str:
+        if sys.version_info >= NO_TFLITE_RUNTIME_WHEELS:
+            return (f"CPU backend 'tflite_runtime' is not installed, and cannot be on Python "
+                    f"{sys.version_info[0]}.{sys.version_info[1]}: tflite-runtime has no "
+                    f"wheels for Python 3.12 or newer, so `pip install tflite-runtime` finds "
+                    f"nothing and the 'coralrt[tflite-runtime]' extra installs nothing. Use "
+                    f"the default backend 'litert' (`pip install ai-edge-litert`)")
+        return ("CPU backend 'tflite_runtime' is not installed; install it with "
+                "`pip install tflite-runtime 'numpy<2'` (its wheels need NumPy 1)")
 
     def _check_usable(self) -> None:
         # Its wheels are built against NumPy 1: under NumPy 2 the import works

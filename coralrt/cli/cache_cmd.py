@@ -1,4 +1,6 @@
-"""``coralrt cache info|clear``: look at or empty the on-disk compile cache.
+"""``coralrt cache [info|clear]``: look at or empty the on-disk compile cache.
+
+``coralrt cache`` alone is ``coralrt cache info``.
 
 The cache is the one :class:`~coralrt.compile.cache.CompileCache` uses by
 default, so ``CORALRT_CACHE_DIR``, ``CORALRT_CACHE`` and
@@ -6,6 +8,8 @@ default, so ``CORALRT_CACHE_DIR``, ``CORALRT_CACHE`` and
 """
 
 from __future__ import annotations
+
+import argparse
 
 from coralrt.cli._text import dumps, size_str, table
 from coralrt.compile.cache import CompileCache
@@ -18,19 +22,24 @@ def add_parser(sub, parents) -> None:
         "cache", parents=parents, help="show or clear the compile cache",
         description="Show or clear the on-disk cache of compiled Edge TPU segments. "
                     "CORALRT_CACHE_DIR sets its folder, CORALRT_CACHE=0 turns it off, "
-                    "CORALRT_CACHE_MAX_BYTES caps its size.")
-    actions = p.add_subparsers(dest="cache_command", metavar="ACTION", title="actions")
-    actions.required = True
+                    "CORALRT_CACHE_MAX_BYTES caps its size. Without an action: info.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=command_info)
+    actions = p.add_subparsers(dest="cache_command", metavar="ACTION",
+                               title="actions (default: info)")
     info = actions.add_parser(
         "info", parents=parents, help="where the cache is, how many entries, how big",
         description="Print the cache folder, whether the cache is enabled, the number of "
                     "entries, their total size and the size cap.")
-    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="print one JSON object")
     info.set_defaults(func=command_info)
     clear = actions.add_parser(
         "clear", parents=parents, help="remove every cache entry",
         description="Remove every entry of the compile cache; models are compiled again "
                     "the next time they are loaded.")
+    clear.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print one JSON object")
     clear.set_defaults(func=command_clear)
 
 
@@ -56,5 +65,8 @@ def command_info(args) -> int:
 def command_clear(args) -> int:
     cache = CompileCache()
     n = cache.clear()
+    if args.json:
+        print(dumps({"removed": n, "directory": str(cache.root)}))
+        return 0
     print(f"removed {n:,} cache {'entry' if n == 1 else 'entries'} from {cache.root}")
     return 0

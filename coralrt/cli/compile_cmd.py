@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from coralrt.cli._text import dumps
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.compile.driver import compile_log, compile_model
 from coralrt.compile.partition import MODES
@@ -38,6 +39,9 @@ def add_parser(sub, parents) -> None:
                         "the default) or edgetpu_compiler (programs for a real Coral stick; "
                         "the compiler runs on x86-64 Linux only)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (files written, summary, every operator's "
+                        "placement) instead of the log's summary")
     p.set_defaults(func=command)
 
 
@@ -61,6 +65,11 @@ def command(args) -> int:
                        output_name=str(out), output_size=len(data))
     log_path = out.with_suffix(".log")
     atomic_write(log_path, text)
+    if args.json:
+        print(dumps({"input": str(src), "output": str(out), "log": str(log_path),
+                     "input_bytes": len(model.source or b""), "output_bytes": len(data),
+                     "compiler": args.compiler, **result.plan.to_dict()}))
+        return 0
     summary, _, _ = text.partition("\nOperator ")
     print(summary.rstrip())
     print(f"Operation log: {log_path}")

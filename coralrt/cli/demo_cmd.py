@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from coralrt.cli._text import shape_str, table
+from coralrt.cli._text import dumps, shape_str, table
 from coralrt.cli.run_cmd import count_type, timed_runs
 from coralrt.cli.demo_model import build_demo_model, demo_input
 from coralrt.session import InferenceSession
@@ -34,6 +34,7 @@ def add_parser(sub, parents) -> None:
     p.add_argument("--target", choices=("sim", "cpu"), default="sim",
                    help="sim (default): compile for the Edge TPU and run on the simulated "
                         "Edge TPU; cpu: the whole model in the CPU backend")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=command)
 
 
@@ -69,6 +70,20 @@ def command(args) -> int:
 
     sg = model.main
     ops = Counter(op.name for op in sg.operators)
+    top = sorted(range(probs.size), key=lambda i: (-probs[i], i))[:5]
+    device = (sum(s["device_seconds"] for s in sess.profile() if s["kind"] == "tpu")
+              if args.target == "sim" else None)
+    if args.json:
+        print(dumps({
+            "model_bytes": len(data), "saved": args.save, "target": sess.target,
+            "backend": sess.backend, "operators": dict(ops),
+            "placement": [{"index": i, "operator": name, "ran_on": where}
+                          for i, name, where in placement(sess, model)],
+            "top5": [{"class": i, "probability": float(probs[i])} for i in top],
+            "latency_ms": {"median": statistics.median(times), "min": min(times),
+                           "runs": len(times)},
+            "estimated_device_ms": None if device is None else device * 1e3}))
+        return 0
     lines = [f"coralrt demo: a {len(sg.operators)}-operator uint8 image classifier built "
              f"in memory, {len(data):,} bytes"]
     if args.save:
@@ -85,15 +100,13 @@ def command(args) -> int:
             for i, name, where in placement(sess, model)]
     lines += ["", f"placement (target {sess.target})",
               table(["#", "operator", "output", "ran on"], rows, right={0})]
-    top = sorted(range(probs.size), key=lambda i: (-probs[i], i))[:5]
     lines += ["", "top-5 classes of the synthetic input",
               table(["rank", "class", "probability"],
                     [[k + 1, i, f"{probs[i]:.4f}"] for k, i in enumerate(top)],
                     right={0, 1, 2})]
     lines += ["", f"latency  median {statistics.median(times):.3f} ms over {len(times)} runs "
                   f"(min {min(times):.3f} ms) on this host"]
-    if args.target == "sim":
-        device = sum(s["device_seconds"] for s in sess.profile() if s["kind"] == "tpu")
+    if device is not None:
         lines.append(f"estimated on a Coral USB Accelerator (USB 3): {device * 1e3:.3f} ms "
                      f"per inference (coralrt's latency model, not a measurement)")
     print("\n".join(lines))

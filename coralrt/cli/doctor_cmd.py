@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import getpass
 import os
-import platform
 import stat
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coralrt.cli.devices_cmd import DEV_ROOT, add_simulated_option, device_node, \
     simulated_backend
-from coralrt.errors import BackendUnavailableError, CoralRTError, DeviceError
+from coralrt.cli.doctor_check import STATUSES, Check
+from coralrt.cli.doctor_software import check_cpu_backends, check_edgetpu_compiler, check_python
+from coralrt.errors import CoralRTError, DeviceError
 from coralrt.usb import firmware
 from coralrt.usb.udev import (  # noqa: F401 - part of this command's API
     IDS, RULE_LINES, RULES_DIRS, install_rule_fix, rule_coverage, world_writable,
@@ -31,25 +31,9 @@ from coralrt.usb.udev import (  # noqa: F401 - part of this command's API
 
 __all__ = ["Check", "STATUSES", "RULE_LINES", "RULES_DIRS", "add_parser", "command_doctor",
            "run_checks", "load_libusb", "check_libusb", "check_sticks", "check_permissions",
-           "check_udev_rule", "check_firmware", "check_cpu_backend", "check_python",
+           "check_udev_rule", "check_firmware", "check_cpu_backends", "check_edgetpu_compiler",
+           "check_python",
            "rule_coverage", "install_rule_fix", "format_checks"]
-
-STATUSES = ("ok", "warn", "fail", "skip", "info")
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    found: str
-    fix: str = ""
-
-    def __post_init__(self):
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 # -- 1. libusb ---------------------------------------------------------------------------
 
@@ -278,35 +262,14 @@ def check_firmware(devices, *, path: str | os.PathLike | None = None) -> Check:
     return Check("firmware", "fail", found, how)
 
 
-# -- 6. CPU backend, 7. versions ---------------------------------------------------------
-
-def check_cpu_backend(get=None) -> Check:
-    """Check 6: a CPU backend imports (``coralrt.backends.get_backend``)."""
-    if get is None:
-        from coralrt.backends import get_backend as get
-    try:
-        backend = get()
-    except (BackendUnavailableError, ImportError, OSError) as e:
-        return Check("CPU backend", "fail", str(e),
-                     "pip install ai-edge-litert   (or, on Python <= 3.11 with numpy<2, "
-                     "pip install 'coralrt[tflite-runtime]')")
-    return Check("CPU backend", "ok", f"{backend.name} {backend.version}")
-
-
-def check_python() -> Check:
-    """Check 7: Python and NumPy versions (information only)."""
-    import numpy as np
-    return Check("versions", "info",
-                 f"Python {platform.python_version()} ({platform.python_implementation()}, "
-                 f"{platform.machine()} {platform.system()}), NumPy {np.__version__}")
-
-
 # -- the command -------------------------------------------------------------------------
 
 def run_checks(*, backend=None, simulated: bool = False, load=load_libusb,
                rules_dirs=RULES_DIRS, dev_root: str = DEV_ROOT, firmware_path=None,
-               get_cpu_backend=None, platform_name: str = sys.platform) -> list[Check]:
-    """Every check in order.  ``backend``: a pyusb backend to list sticks on (None: libusb)."""
+               cpu_backends=None, find_compiler=None,
+               platform_name: str = sys.platform) -> list[Check]:
+    """Every check in order.  ``backend``: a pyusb backend to list sticks on (None:
+    libusb); ``cpu_backends`` and ``find_compiler`` replace the software lookups."""
     from coralrt.usb import list_devices
     lib_check, lib_backend = check_libusb(load)
     devices, error = [], None
@@ -324,7 +287,8 @@ def run_checks(*, backend=None, simulated: bool = False, load=load_libusb,
                               simulated=simulated),
             check_udev_rule(rules_dirs, platform_name=platform_name),
             check_firmware(devices, path=firmware_path),
-            check_cpu_backend(get_cpu_backend),
+            *check_cpu_backends(cpu_backends),
+            check_edgetpu_compiler(find_compiler),
             check_python()]
 
 
@@ -350,9 +314,10 @@ def add_parser(sub, parents) -> None:
     p = sub.add_parser(
         "doctor", parents=parents, help="check that this machine can use a Coral stick",
         description="Check the libusb library, the connected sticks, their device "
-                    "permissions, the udev rule, the firmware, the CPU backend and the "
-                    "Python and NumPy versions, and print the fix for each problem. Exits 1 "
-                    "when a check fails.")
+                    "permissions, the udev rule, the firmware, the CPU backends (which are "
+                    "installed and usable, and why not), edgetpu_compiler and the Python "
+                    "and NumPy versions, and print the fix for each problem. Exits 1 when a "
+                    "check fails.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_simulated_option(p)
     p.set_defaults(func=command_doctor)

@@ -86,13 +86,17 @@ def _setup_logging(args) -> tuple[logging.Logger, logging.Handler, int]:
     return logger, handler, previous
 
 
-def _one_line(exc: BaseException) -> str:
+def _message(exc: BaseException) -> str:
+    """The error's text as the user should read it: its own lines kept (install
+    steps must stay paste-able), trailing blanks dropped, nothing wrapped, so a
+    URL is never split."""
     if isinstance(exc, OSError) and not isinstance(exc, CoralRTError) and exc.strerror:
         # "[Errno 2] No such file or directory: 'x'" -> "x: No such file or directory"
         text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     else:
         text = str(exc) or type(exc).__name__
-    return " ".join(text.split())
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    return "\n".join(line for line in lines if line) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CoralRTError, OSError) as e:
         if args.debug:
             traceback.print_exc(file=sys.stderr)
-        message = _one_line(e)
+        message = _message(e)
         model = getattr(args, "model", None)
         if isinstance(e, ModelError) and model is not None and str(model) not in message:
             # Some model errors only say where inside the file: name the file too.

@@ -1,0 +1,75 @@
+"""The software checks of ``coralrt doctor``: CPU backends, edgetpu_compiler, versions.
+
+The USB-side checks (libusb, sticks, permissions, udev rule, firmware) are
+in :mod:`coralrt.cli.doctor_cmd`; these look only at what is installed.
+"""
+
+from __future__ import annotations
+
+import platform
+
+from coralrt.cli.doctor_check import Check
+from coralrt.errors import CoralRTError
+
+__all__ = ["check_cpu_backends", "check_edgetpu_compiler", "check_python"]
+
+_LITERT_FIX = "pip install ai-edge-litert"
+
+
+def check_cpu_backends(report=None) -> list[Check]:
+    """One check per CPU backend coralrt knows: which are installed and usable,
+    and why the others are not.  A backend that is not usable is ``info`` when
+    another one is, and ``fail`` when none is."""
+    if report is None:
+        from coralrt.backends import backend_report as report
+    rows = report()
+    first = next((r["name"] for r in rows if r["usable"]), None)
+    checks = []
+    for r in rows:
+        name = f"CPU backend {r['name']}"
+        if r["usable"]:
+            tag = " (used by default)" if r["name"] == first else ""
+            checks.append(Check(name, "ok", f"{r['name']} {r['version']}{tag}"))
+        elif first is not None:
+            checks.append(Check(name, "info", f"not usable: {r['reason']}"))
+        else:
+            checks.append(Check(name, "fail", f"not usable: {r['reason']}", _LITERT_FIX))
+    return checks
+
+
+def check_edgetpu_compiler(find=None, version=None,
+                           machine: str | None = None) -> Check:
+    """Whether edgetpu_compiler is available: it is needed only to run plain
+    models on a real stick (target 'coral'), and it runs on x86-64 Linux only."""
+    if find is None:
+        from coralrt.compile.edgetpu_compiler import find_compiler as find
+    machine = (machine or platform.machine()).lower()
+    path = find()
+    if path is None:
+        found = ("not found (CORALRT_EDGETPU_COMPILER is not set and it is not on PATH); "
+                 "needed only to run plain models on a real stick")
+        if machine not in ("x86_64", "amd64"):
+            return Check("edgetpu_compiler", "info",
+                         f"{found}. It does not run on {machine}: compile ahead of time on "
+                         f"an x86-64 Linux machine and copy the _edgetpu.tflite here")
+        return Check("edgetpu_compiler", "info",
+                     f"{found} (`coralrt compile --compiler edgetpu_compiler` prints how to "
+                     f"install it)")
+    if version is None:
+        from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+
+        def version(p):
+            return EdgeTpuCompiler(p).version
+    try:
+        return Check("edgetpu_compiler", "ok", f"{path}, version {version(path)}")
+    except (CoralRTError, OSError) as e:
+        return Check("edgetpu_compiler", "warn", f"{path} does not run: {e}",
+                     "point CORALRT_EDGETPU_COMPILER at a working edgetpu_compiler")
+
+
+def check_python() -> Check:
+    """Python and NumPy versions (information only)."""
+    import numpy as np
+    return Check("versions", "info",
+                 f"Python {platform.python_version()} ({platform.python_implementation()}, "
+                 f"{platform.machine()} {platform.system()}), NumPy {np.__version__}")
