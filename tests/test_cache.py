@@ -772,4 +772,5 @@ def test_cli_reports_disabled_cache_and_bad_settings(clean_env, tmp_path, capsys
     assert main(["cache", "info"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("coralrt: error: CORALRT_CACHE_MAX_BYTES='huge'")
-    assert main(["cache"]) == 2
+    assert main(["cache"]) == 1     # `cache` alone is `cache info`
+    assert main(["cache", "nope"]) == 2

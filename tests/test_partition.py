@@ -10,6 +10,7 @@ from conftest import MODELS_DIR, model_params, random_inputs, run_litert, shared
 
 from coralrt.cli.main import main
 from coralrt.compile import rules as R
+from coralrt.compile.pairs import compiler_mapping
 from coralrt.compile.partition import partition
 from coralrt.errors import ConfigError
 from coralrt.model import load_model
@@ -30,18 +31,10 @@ def compiled_pairs() -> list:
 
 
 def cpu_ops_of_compiled(plain_name: str) -> set[int]:
-    """Operators of the plain model that edgetpu_compiler left on the CPU.
-
-    The compiled model keeps those operators unchanged, so their output tensor
-    names identify them; everything else went into edgetpu-custom-op.
-    """
-    plain = load_model(shared_model(plain_name))
-    compiled = load_model(shared_model("edgetpu/" + plain_name.replace(".tflite",
-                                                                       "_edgetpu.tflite")))
-    kept = {compiled.main.tensors[t].name for op in compiled.main.operators
-            if not op.opcode.is_custom for t in op.outputs}
-    return {i for i, op in enumerate(plain.main.operators)
-            if plain.main.tensors[op.outputs[0]].name in kept}
+    """Operators of the plain model that edgetpu_compiler left on the CPU."""
+    compiled = "edgetpu/" + plain_name.replace(".tflite", "_edgetpu.tflite")
+    return compiler_mapping(load_model(shared_model(plain_name)),
+                            load_model(shared_model(compiled))).cpu
 
 
 @pytest.mark.parametrize("name", compiled_pairs())

@@ -3,7 +3,8 @@
 Two modes:
 
 ``compat`` reproduces edgetpu_compiler: one Edge TPU segment holding every
-supported operator that can run before the CPU takes over.  A supported
+supported operator (the rules plus :mod:`coralrt.compile.compat`'s) that can
+run before the CPU takes over.  A supported
 operator downstream of a CPU operator that itself follows TPU work stays on
 the CPU ("More than one subgraph is not supported").  CPU operators that
 only depend on the model inputs (a QUANTIZE from float at the input edge)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from coralrt.compile.compat import compat_rules
 from coralrt.compile.costs import CostModel, op_macs
 from coralrt.errors import ConfigError
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, OpView, RuleRegistry, default_rules
@@ -88,6 +90,8 @@ def partition(model: Model, mode: str = "multi", *, rules: RuleRegistry | None =
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
     rules = rules or default_rules()
+    if mode == "compat":
+        rules = compat_rules(rules)
     costs = costs or CostModel()
     sg = model.main
     reasons = [rules.check(OpView(sg, op, i)) for i, op in enumerate(sg.operators)]

@@ -20,7 +20,7 @@ is an if-chain over operator names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,8 +42,9 @@ MAPPED = "Mapped to Edge TPU"
 
 EIGHT_BIT = ("UINT8", "INT8")
 SOFTMAX_MAX_ELEMENTS = 16000
-# Bump when a rule changes what maps, so cached compilations are redone.
-RULES_VERSION = 2
+# Bump when a rule changes what maps, so cached compilations are redone
+# (3: compat mode's rules, compile/compat.py).
+RULES_VERSION = 3
 
 Check = Callable[["OpView"], "str | None"]
 
@@ -299,6 +300,12 @@ class RuleRegistry:
 
     def add_check(self, name: str, check: Check) -> None:
         self._ops[name].checks = (*self._ops[name].checks, check)
+
+    def copy(self) -> RuleRegistry:
+        """An independent registry: adding to it leaves this one unchanged."""
+        new = RuleRegistry()
+        new._ops = {name: replace(s) for name, s in self._ops.items()}
+        return new
 
     def supports(self, name: str) -> bool:
         return name in self._ops

@@ -1,7 +1,7 @@
 """Data-movement kernels against LiteRT's reference kernels.
 
 CONCATENATION, RESHAPE, SQUEEZE, EXPAND_DIMS, PACK, SPLIT, SLICE,
-STRIDED_SLICE, PAD, SPACE_TO_DEPTH and TRANSPOSE on uint8 and int8 tensors.
+STRIDED_SLICE, PAD, SPACE_TO_DEPTH, TRANSPOSE and TILE on uint8 and int8 tensors.
 """
 
 from __future__ import annotations
@@ -416,3 +416,18 @@ def test_mismatched_quantization_copies_bytes(op, dtype):
 @pytest.mark.parametrize("op", REFUSING)
 def test_mismatched_quantization_refused(op, dtype):
     _assert_both_refuse(_mismatched(op, dtype), [np.zeros((1, 4, 4, 2), dtype)])
+
+
+# -- TILE ---------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(dtype=dtypes, shape=shapes(max_rank=4, max_side=4), data=st.data(), seed=seeds,
+       index_type=st.sampled_from([np.int32, np.int64]))
+def test_tile(dtype, shape, data, seed, index_type):
+    reps = [data.draw(st.integers(1, 3)) for _ in shape]
+    out = [s * r for s, r in zip(shape, reps)]
+    # Different input and output quantization: TILE copies the stored values anyway.
+    model = _single("TILE", shape, out, dtype, [np.array(reps, index_type)],
+                    in_q=(0.05, 3), out_q=(0.1, 7))
+    check(model, [_data(np.random.default_rng(seed), shape, dtype)])

@@ -74,6 +74,7 @@ def _candidates(folder: Path):
 
 def _match(x, compiled, plain):
     """(custom op, {X operator indices it covers}) or None."""
+    from coralrt.compile.pairs import PairError, compiler_mapping, ops_between
     csg = compiled.main
     customs = [op for op in csg.operators if op.name == OP]
     if len(customs) != 1:
@@ -86,29 +87,18 @@ def _match(x, compiled, plain):
     e_out = [csg.tensors[t].name for t in e.outputs]
     if any(n not in index for n in (*e_in, *e_out)):
         return None
+    # None: the program would need a model input it does not take.
+    covered = ops_between(x, [index[n] for n in e_in], [index[n] for n in e_out])
     producer = {t: k for k, op in enumerate(x.operators) for t in op.outputs}
-    stop = {index[n] for n in e_in}
-    covered, seen, stack = set(), set(), [index[n] for n in e_out]
-    while stack:
-        t = stack.pop()
-        if t in seen or t in stop:
-            continue
-        seen.add(t)
-        k = producer.get(t)
-        if k is None:
-            if x.tensors[t].is_constant or x.tensors[t].is_variable:
-                continue
-            return None  # needs a model input the program does not take
-        if k not in covered:
-            covered.add(k)
-            stack.extend(s for s in x.operators[k].inputs if s >= 0)
     if not covered or any(producer.get(index[n]) not in covered for n in e_out):
         return None
     if plain is not None:
+        try:
+            mapping = compiler_mapping(plain, compiled)
+        except PairError:
+            return None
         psg = plain.main
-        cpu_names = {csg.tensors[t].name for op in csg.operators if op is not e
-                     for t in op.outputs}
-        mapped = {psg.tensors[t].name for op in psg.operators for t in op.outputs} - cpu_names
+        mapped = {psg.tensors[t].name for k in mapping.tpu for t in psg.operators[k].outputs}
         got = {x.tensors[t].name for k in covered for t in x.operators[k].outputs}
         if got != mapped:
             return None

@@ -1,5 +1,5 @@
 """Data-movement kernels: concatenation, reshapes, packing, splitting, slicing,
-padding, space-to-depth and transposition.
+padding, space-to-depth, transposition and tiling.
 
 These move 8-bit values without arithmetic, with two exceptions that follow
 LiteRT's reference kernels: uint8 CONCATENATION requantizes inputs whose
@@ -294,4 +294,23 @@ def transpose(ctx: OpContext):
 
     def run(inputs):
         return [np.ascontiguousarray(np.transpose(inputs[0], perm))]
+    return run
+
+
+@register("TILE")
+def tile(ctx: OpContext):
+    # TFLite's TILE copies the stored values, whatever the quantization says;
+    # the multiples must be constant here (a segment has fixed shapes).
+    multiples = _constant(ctx, 1, "the multiples")
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    if multiples.shape != (len(x.shape),) or (multiples < 0).any():
+        _refuse(ctx, f"multiples {multiples.tolist()} do not fit an input of rank "
+                     f"{len(x.shape)}")
+    reps = tuple(int(m) for m in multiples)
+    if tuple(int(d) * m for d, m in zip(x.shape, reps)) != tuple(out.shape):
+        _refuse(ctx, f"tiling {tuple(x.shape)} by {reps} does not give {tuple(out.shape)}")
+    dtype = ctx.dtype(out)
+
+    def run(inputs):
+        return [np.tile(np.asarray(inputs[0]), reps).astype(dtype, copy=False)]
     return run
