@@ -18,7 +18,7 @@ from coralrt import targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.plugins.host import plugin_host
 from coralrt.runtime.program import completed
-from coralrt.tensors import TensorInfo
+from coralrt.tensors import TensorInfo, tensor_infos
 
 __all__ = ["InferenceSession", "TARGETS"]
 
@@ -95,7 +95,7 @@ class InferenceSession:
         self._owned = [d for d in self.devices if not any(d is g for g in given)]
         sg = self.model.main
         self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
-        self._outputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.outputs]
+        self._outputs = tensor_infos(sg, sg.outputs)   # custom op shapes filled in
         self._input_names = [t.name for t in self._inputs]
         self._output_names = _unique([t.name for t in self._outputs])
         self._input_pos = {n: i for i, n in enumerate(self._input_names)}

@@ -1,7 +1,9 @@
 """Tensor descriptions for users, and quantization helpers.
 
 :class:`TensorInfo` is what ``InferenceSession.get_inputs()`` and
-``get_outputs()`` return.  ``quantize``/``dequantize`` use TFLite's affine
+``get_outputs()`` return; :func:`tensor_infos` builds them for a subgraph,
+with the shapes the file leaves out (custom operator outputs) filled in by
+:mod:`coralrt.model.shapes`.  ``quantize``/``dequantize`` use TFLite's affine
 mapping ``real = scale * (q - zero_point)``; rounding is half away from zero
 as in TFLite's own quantize kernels.
 """
@@ -12,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.model.types import Tensor
+from coralrt.model.shapes import inferred_shapes
+from coralrt.model.types import Subgraph, Tensor
 
-__all__ = ["TensorInfo", "quantize", "dequantize"]
+__all__ = ["TensorInfo", "tensor_infos", "quantize", "dequantize"]
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,19 @@ class TensorInfo:
     index: int = -1  # tensor index in the model's main subgraph
 
     @classmethod
-    def from_tensor(cls, t: Tensor, index: int) -> TensorInfo:
+    def from_tensor(cls, t: Tensor, index: int,
+                    shape: tuple[int, ...] | None = None) -> TensorInfo:
+        """The info of ``t``; ``shape`` replaces a shape the file does not declare."""
         q = t.quantization
         return cls(
-            name=t.name, shape=t.shape, dtype=t.dtype if t.dtype is not None else np.dtype(object),
+            name=t.name, shape=t.shape if shape is None else shape,
+            dtype=t.dtype if t.dtype is not None else np.dtype(object),
             quantization=q.params if q is not None else (0.0, 0),
             scales=np.asarray(q.scale if q is not None else [], np.float32),
             zero_points=np.asarray(q.zero_point if q is not None else [], np.int64),
             quantized_dimension=q.quantized_dimension if q is not None else 0,
-            shape_signature=t.shape_signature or t.shape, index=index,
+            shape_signature=t.shape_signature or (t.shape if shape is None else shape),
+            index=index,
         )
 
     @property
@@ -78,6 +85,18 @@ class TensorInfo:
         if self.shape_signature != self.shape:
             d["shape_signature"] = list(self.shape_signature)
         return d
+
+
+def tensor_infos(sg: Subgraph, indices) -> list[TensorInfo]:
+    """:class:`TensorInfo` of tensors ``indices`` of ``sg``, undeclared shapes inferred.
+
+    The outputs of custom operators that the file declares without a shape
+    (the SSD post-processing head) get the shapes their kernel sets
+    (:func:`coralrt.model.shapes.inferred_shapes`); every other tensor keeps
+    the shape the file gives it.
+    """
+    shapes = inferred_shapes(sg)
+    return [TensorInfo.from_tensor(sg.tensors[i], i, shapes.get(i)) for i in indices]
 
 
 def _along(p: np.ndarray, ndim: int, axis: int) -> np.ndarray:

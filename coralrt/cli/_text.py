@@ -6,7 +6,7 @@ import json
 import math
 import re
 
-__all__ = ["table", "shape_str", "size_str", "num", "json_num", "dumps"]
+__all__ = ["table", "shape_str", "size_str", "num", "json_num", "dumps", "plural"]
 
 # A list of numbers as json.dumps(indent=...) lays it out: one per line.  JSON
 # strings cannot hold a raw newline, so this never matches inside a name.
@@ -42,6 +42,11 @@ def size_str(n: int) -> str:
         if n >= f:
             return f"{n:,} bytes ({n / f:.1f} {unit})"
     raise AssertionError("unreachable")
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def num(v) -> str:

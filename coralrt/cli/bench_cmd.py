@@ -3,6 +3,7 @@ the latency a real Coral USB Accelerator is estimated to take."""
 
 from __future__ import annotations
 
+from coralrt.cli._report import device_estimate, estimate_lines
 from coralrt.cli._text import dumps, table
 from coralrt.cli.run_cmd import count_type, latency_summary, make_inputs, timed_runs
 from coralrt.compile.partition import MODES
@@ -61,16 +62,8 @@ def command(args) -> int:
             "device_ms": None if step["device_seconds"] is None
             else round(step["device_seconds"] * 1e3, 4)})
     if args.target == "sim":
-        tpu = sum(s["device_seconds"] for s in profile if s["kind"] == "tpu")
-        cpu = sum(s["host_seconds"] for s in profile if s["kind"] == "cpu")
-        result["estimate_ms"] = {
-            "usb": args.usb,
-            "edgetpu": round(tpu * 1e3, 4),
-            "first_run_edgetpu": None if first is None else round(
-                sum(s["device_seconds"] for s in first if s["kind"] == "tpu") * 1e3, 4),
-            "cpu_steps_on_this_host": round(cpu * 1e3, 4),
-            "compile_cache_hit": sess.compile_info["cache_hit"],
-        }
+        result["estimate_ms"] = {**device_estimate(profile, first, usb=args.usb),
+                                 "compile_cache_hit": sess.compile_info["cache_hit"]}
     sess.close()
     if device is not None:
         device.close()
@@ -90,11 +83,7 @@ def _format(r: dict) -> str:
                                         rows, right={0, 3, 4})]
     e = r.get("estimate_ms")
     if e:
-        lines += ["", f"estimated Coral USB Accelerator latency ({e['usb']}, max clock): "
-                      f"{e['edgetpu']:.3f} ms per run for the Edge TPU steps"
-                      + (f" (first run {e['first_run_edgetpu']:.3f} ms, uploading parameters)"
-                         if e["first_run_edgetpu"] is not None else ""),
-                  "(an estimate from coralrt's latency model, not a measurement)"]
+        lines += ["", *estimate_lines(e)]
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from coralrt.errors import ExecutableError
 from coralrt.formats.dwn1 import describe, parse_package
 from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.model import Model, load_model
-from coralrt.tensors import TensorInfo
+from coralrt.tensors import tensor_infos
 
 __all__ = ["add_parser", "command", "model_report", "format_report"]
 
@@ -93,8 +93,8 @@ def model_report(path) -> dict:
         "custom_op_count": len(custom),
         "parameter_bytes": _parameter_bytes(model),
         "signatures": [s.key for s in model.signatures],
-        "inputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.inputs],
-        "outputs": [TensorInfo.from_tensor(sg.tensors[i], i).to_dict() for i in sg.outputs],
+        "inputs": [t.to_dict() for t in tensor_infos(sg, sg.inputs)],
+        "outputs": [t.to_dict() for t in tensor_infos(sg, sg.outputs)],
         "edgetpu": _edgetpu_report(model),
     }
 
@@ -126,15 +126,38 @@ def _edgetpu_lines(ops: list[dict]) -> list[str]:
         if "error" in op:
             lines.append(f"{where}: unreadable: {op['error']}")
             continue
+        early = any(e.get("layer_format") == "early" for e in op["executables"])
         lines.append(f"{where}: {op['layout']} layout, min runtime version "
-                     f"{op['min_runtime_version']}, compiler {op['compiler_version'] or '-'}")
-        rows = [[e["type"], e["role"], size_str(e["parameters_bytes"]),
+                     f"{op['min_runtime_version']}, compiler {op['compiler_version'] or '-'}"
+                     + (", early Layer tables (inputs read as 8-bit)" if early else ""))
+        rows = [[_enum_cell(e["type"]), e["role"], size_str(e["parameters_bytes"]),
                  size_str(e["instruction_bytes"]), f"{e['caching_token']:#018x}",
                  f"{len(e['inputs'])} in, {len(e['outputs'])} out"]
                 for e in op["executables"]]
         lines.append(table(["type", "role", "parameters", "instructions", "caching token",
                             "layers"], rows, indent="    "))
+        lines += _layer_lines(op["executables"])
+        # Values outside coralrt's schema: kept as numbers, the rest is still shown.
+        lines += [f"    warning: {u['message']}" for u in op.get("unknown_values", [])]
     return lines + [""]
+
+
+def _enum_cell(value) -> str:
+    """An enum name, or "unknown (17)" for a number coralrt's schema does not name."""
+    return value if isinstance(value, str) else f"unknown ({int(value)})"
+
+
+def _layer_lines(executables: list[dict]) -> list[str]:
+    """Every executable's inputs and outputs as the device sees them."""
+    rows = [[i, io, x["name"], shape_str(x["shape"]), _enum_cell(x["data_type"]),
+             x["dtype"] or "-", f"{x['scale']:.6g}", x["zero_point"], x["size_bytes"]]
+            for i, e in enumerate(executables)
+            for io, layers in (("in", e["inputs"]), ("out", e["outputs"])) for x in layers]
+    if not rows:
+        return []
+    return ["    layers", table(["exe", "io", "name", "shape", "data type", "dtype", "scale",
+                                  "zero point", "bytes"], rows, indent="      ",
+                                 right={0, 6, 7, 8})]
 
 
 def format_report(r: dict) -> str:

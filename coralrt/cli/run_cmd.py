@@ -1,4 +1,13 @@
-"""``coralrt run MODEL``: run a model on a target, print its outputs and latency."""
+"""``coralrt run MODEL``: run a model on a target, print its outputs and latency.
+
+Classifier outputs get a top-5.  A model whose outputs are the four of the SSD
+post-processing head (``TFLite_Detection_PostProcess``: boxes, classes, scores,
+count) gets its detections instead: the first ``count`` of them, sorted by
+score, those below ``--threshold`` left out.  The default threshold is 0.0
+(keep all): the operator has already dropped the boxes under its own
+``nms_score_threshold``.  On ``--target sim`` the estimated Coral USB
+Accelerator time of the Edge TPU steps is reported as ``coralrt bench`` does.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +18,15 @@ import time
 
 import numpy as np
 
-from coralrt.cli._text import dumps, json_num, num, shape_str, table
+from coralrt.cli._report import device_estimate, estimate_lines
+from coralrt.cli._text import dumps, json_num, num, plural, shape_str, table
 from coralrt.errors import InputError
+from coralrt.model.shapes import DETECTION_POSTPROCESS
 from coralrt.session import TARGETS, InferenceSession
 from coralrt.tensors import TensorInfo
 
 __all__ = ["add_parser", "command", "count_type", "make_inputs", "random_input", "output_summary",
-           "timed_runs"]
+           "timed_runs", "detection_outputs", "detections"]
 
 log = logging.getLogger("coralrt.cli")
 
@@ -38,8 +49,9 @@ def add_parser(sub, parents) -> None:
     p = sub.add_parser(
         "run", parents=parents, help="run a model and time it",
         description="Run a model on a target with given or random inputs; print each "
-                    "output's statistics (and the top-5 classes of classifier outputs) "
-                    "and the latency.")
+                    "output's statistics (the top-5 classes of classifier outputs, the "
+                    "detections of an SSD post-processing head) and the latency; on "
+                    "--target sim also the estimated Edge TPU time.")
     p.add_argument("model", metavar="MODEL", help="path of the .tflite file")
     p.add_argument("--target", choices=TARGETS, default="cpu",
                    help="where to run (default: cpu)")
@@ -56,6 +68,9 @@ def add_parser(sub, parents) -> None:
                    help="CPU backend: litert or tflite_runtime (default: first installed)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the random inputs (default: 0)")
+    p.add_argument("--threshold", type=float, default=0.0, metavar="SCORE",
+                   help="detection models: leave out detections scoring below SCORE "
+                        "(default: 0.0, keep every detection the model returns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=command)
 
@@ -153,6 +168,37 @@ def output_summary(info: TensorInfo, a: np.ndarray) -> dict:
     return d
 
 
+def detection_outputs(sess: InferenceSession) -> list[int] | None:
+    """Positions in ``sess.get_outputs()`` of (boxes, classes, scores, count) when the
+    model's outputs include the four of a ``TFLite_Detection_PostProcess`` operator."""
+    pos = {info.index: k for k, info in enumerate(sess.get_outputs())}
+    for op in sess.model.main.operators:
+        if op.name == DETECTION_POSTPROCESS and len(op.outputs) == 4 \
+                and all(t in pos for t in op.outputs):
+            return [pos[t] for t in op.outputs]
+    return None
+
+
+def detections(arrays: list[np.ndarray], infos: list[TensorInfo],
+               threshold: float = 0.0) -> list[dict]:
+    """The detections in the (boxes, classes, scores, count) outputs of batch item 0:
+    the first ``count``, best score first, none below ``threshold`` (JSON-ready)."""
+    boxes, classes, scores, count = (info.dequantize(a) if info.is_quantized else
+                                     np.asarray(a, np.float64)
+                                     for a, info in zip(arrays, infos))
+    scores = scores.reshape(-1)
+    n = int(count.reshape(-1)[0]) if count.size and np.isfinite(count.reshape(-1)[0]) else 0
+    n = max(0, min(n, scores.size, classes.size, boxes.size // 4))
+    boxes, classes, scores = boxes.reshape(-1, 4)[:n], classes.reshape(-1)[:n], scores[:n]
+    out = []
+    for i in np.argsort(-scores, kind="stable"):
+        if not scores[i] >= threshold:
+            continue
+        out.append({"class_id": int(classes[i]), "score": json_num(float(scores[i])),
+                    "box": [json_num(float(v)) for v in boxes[i]]})  # ymin, xmin, ymax, xmax
+    return out
+
+
 def latency_summary(times: list[float]) -> dict:
     """Milliseconds, rounded to 0.1 us: finer digits are timer noise."""
     return {"min": round(min(times), 4), "median": round(statistics.median(times), 4),
@@ -166,7 +212,11 @@ def command(args) -> int:
     arrays, sources = make_inputs(infos, args.inputs, args.seed)
     log.info("running %s on %s (%s): %d warmup, %d timed runs", args.model, sess.target,
              sess.backend, args.warmup, args.repeat)
-    outputs, times = timed_runs(sess, arrays, args.repeat, args.warmup)
+    first, warmup = None, args.warmup
+    if sess.target == "sim" and warmup:
+        sess.run(arrays)        # the first run uploads the parameters: its estimate differs
+        first, warmup = sess.profile(), warmup - 1
+    outputs, times = timed_runs(sess, arrays, args.repeat, warmup)
     out_infos = dict(zip(outputs, sess.get_outputs()))
     summaries = {name: output_summary(out_infos[name], a) for name, a in outputs.items()}
     result = {
@@ -175,6 +225,18 @@ def command(args) -> int:
         "inputs": [{"name": i.name, "source": s} for i, s in zip(infos, sources)],
         "outputs": summaries, "latency_ms": latency_summary(times),
     }
+    heads = detection_outputs(sess)
+    if heads is not None:
+        names = list(outputs)
+        for k in heads:
+            summaries[names[k]].pop("top5", None)   # class ids and scores are no classifier
+        result["detections"] = {
+            "outputs": [names[k] for k in heads], "threshold": args.threshold,
+            "items": detections([outputs[names[k]] for k in heads],
+                                [sess.get_outputs()[k] for k in heads], args.threshold)}
+    if sess.target == "sim":
+        usb = getattr(sess.device, "usb_speed", None) or "usb3"
+        result["estimate_ms"] = device_estimate(sess.profile(), first, usb=usb)
     if args.json:
         print(dumps(result))
     else:
@@ -203,7 +265,24 @@ def format_result(r: dict, *, warmup: int) -> str:
                 for k, t in enumerate(s["top5"])]
         headers = ["rank", "index", "value"] + (["dequantized"] if has_real else [])
         lines += ["", f"top-5 of {name}", table(headers, rows, right={0, 1, 2, 3})]
+    if "detections" in r:
+        lines += ["", *_detection_lines(r["detections"])]
     lat = r["latency_ms"]
     lines += ["", f"latency  min {lat['min']:.3f} ms  median {lat['median']:.3f} ms  "
-                  f"({lat['runs']} runs after {warmup} warmup)"]
+                  f"({plural(lat['runs'], 'run')} after {plural(warmup, 'warmup')})"]
+    if "estimate_ms" in r:
+        lines += estimate_lines(r["estimate_ms"])
     return "\n".join(lines)
+
+
+def _detection_lines(d: dict) -> list[str]:
+    items = d["items"]
+    head = (f"detections ({len(items)}, score >= {d['threshold']:g}; boxes ymin, xmin, ymax, "
+            f"xmax)")
+    if not items:
+        return [head, "  none"]
+    rows = [[k + 1, t["class_id"], "nan" if t["score"] is None else f"{t['score']:.4f}",
+             *("nan" if v is None else f"{v:.4f}" for v in t["box"])]
+            for k, t in enumerate(items)]
+    return [head, table(["#", "class", "score", "ymin", "xmin", "ymax", "xmax"], rows,
+                        right=set(range(7)))]

@@ -19,6 +19,13 @@ draw from one :class:`~coralrt.model.flatbuf.DecodeBudget` sized by the
 ``custom_options`` bytes, so parsing stays linear in them however the offsets
 inside repeat one table or one executable.  Field meanings:
 ``shared/reference/edgetpu-stack.md`` section 2.  Nothing here needs a device.
+
+Enum values and union tags outside coralrt's schema (an executable type,
+data type, layer kind, DMA hint type...) are not damage: they are kept as
+:class:`UnknownEnum` numbers, logged once per field and value, listed in
+``Package.unknown_values``, and refused by :func:`check_runnable` only where
+a run needs them.  The executable itself is read in ``dwn1_executable.py``,
+its layers in ``dwn1_layer.py``, the byte layout in ``dwn1_schema.py``.
 """
 
 from __future__ import annotations
@@ -28,94 +35,25 @@ import struct
 from dataclasses import dataclass, field
 
 from coralrt.errors import ExecutableError
-from coralrt.model.flatbuf import DecodeBudget, FlatbufferError, decode_root
+from coralrt.model.flatbuf import DecodeBudget
 from coralrt.formats.flexreader import FlexReader
+from coralrt.formats.dwn1_executable import (
+    DmaHint, Executable, FieldOffset, decode_table, read_executable, view,
+)
+from coralrt.formats.dwn1_layer import Layer, OutputLayout, TensorSlice
 from coralrt.formats.dwn1_schema import (
-    IDENTIFIER, LAYOUT, UNIONS, Layer, OutputLayout, TensorSlice, binary_strings,
-    enum_name, layer_from_table,
+    ENUMS, IDENTIFIER, UnknownEnum, UnknownValue, Unknowns, binary_strings,
 )
 
 __all__ = ["Package", "Executable", "DmaHint", "FieldOffset", "Layer", "OutputLayout",
-           "TensorSlice", "parse_package",
-           "select_executables", "describe", "RUNTIME_VERSION", "MIN_VALID_RUNTIME_VERSION"]
+           "TensorSlice", "UnknownEnum", "UnknownValue", "parse_package",
+           "select_executables", "check_runnable", "describe", "RUNTIME_VERSION",
+           "MIN_VALID_RUNTIME_VERSION"]
 
 log = logging.getLogger("coralrt.usb")
 
 RUNTIME_VERSION = 14  # libedgetpu api/runtime_version.h kCurrent (kCoralGrouperRelease)
 MIN_VALID_RUNTIME_VERSION = 10  # below this libedgetpu only warns
-
-
-@dataclass(frozen=True)
-class FieldOffset:
-    """A bit position in an instruction chunk that the linker patches with an address."""
-
-    target: str  # "output" | "input" | "parameter" | "scratch"
-    batch: int
-    name: str | None
-    upper: bool  # True: the upper 32 bits of the address, else the lower
-    offset_bit: int
-
-
-@dataclass(frozen=True)
-class DmaHint:
-    """One step of the transfer order the compiler recorded (``DmaHints.hints``).
-
-    ``kind`` is "instruction", "input", "parameter", "output", "scratch",
-    "interrupt" or "fence".
-    """
-
-    kind: str
-    chunk: int | None = None  # instruction chunk index
-    name: str | None = None  # layer name for input/output
-    offset: int = 0
-    size: int = 0  # bytes; for an instruction hint the chunk's length
-    interrupt: int | None = None  # SCALAR_CORE_INT_n
-    direction: str = "infeed"  # "infeed" (host -> device) | "outfeed"
-    batch: int = 0
-
-
-@dataclass
-class Executable:
-    """One compiled program: instructions, parameters, the DMA order and its layers.
-
-    ``caching_token`` is ``parameter_caching_token``: a PARAMETER_CACHING
-    executable and the EXECUTION_ONLY one it feeds share it, and so do models
-    compiled together.  ``estimated_cycles`` prefers the 64-bit field.
-    """
-
-    type: str  # "STAND_ALONE" | "PARAMETER_CACHING" | "EXECUTION_ONLY"
-    batch_size: int
-    parameters: memoryview
-    instructions: list[memoryview]
-    dma_hints: list[DmaHint]
-    fully_deterministic: bool
-    inputs: list[Layer]
-    outputs: list[Layer]
-    caching_token: int
-    chip: str
-    estimated_cycles: int | None
-    name: str = ""
-    version: int = 0
-    scratch_size_bytes: int = 0
-    used_narrow_memory_bytes_per_tile: int = 0
-    use_tpu_dram_for_parameters: bool = False
-    field_offsets: list[list[FieldOffset]] = field(default_factory=list)
-
-    @property
-    def parameters_bytes(self) -> int:
-        return len(self.parameters)
-
-    @property
-    def instruction_bytes(self) -> int:
-        return sum(len(c) for c in self.instructions)
-
-    def hinted_bytes(self, layer_name: str) -> int:
-        """Bytes the DMA hints move for a layer (the largest offset + size), or 0.
-
-        An input is zero-padded up to this size before it is sent.
-        """
-        return max((h.offset + h.size for h in self.dma_hints if h.name == layer_name),
-                   default=0)
 
 
 @dataclass
@@ -133,124 +71,8 @@ class Package:
     custom_op_version: int = 0
     execution_preference: int | None = None
     chip_ids: list[int] | None = None  # key "6": libedgetpu's internal chip enum per package
-
-
-# ---------------------------------------------------------------------------
-# flatbuffer helpers
-
-
-def _decode(buf, root: str, where: str, budget: DecodeBudget) -> dict:
-    try:
-        return decode_root(buf, root, LAYOUT, UNIONS, where=where, budget=budget)
-    except FlatbufferError as e:
-        raise ExecutableError(f"the {root} flatbuffer is malformed: {e}", where=where) from None
-
-
-def _view(arr) -> memoryview:
-    return memoryview(b"") if arr is None else memoryview(arr)
-
-
-# ---------------------------------------------------------------------------
-# Executable
-
-
-def _hints(d: dict | None, chunks: list, inputs, outputs, params: int, where: str):
-    hints: list[DmaHint] = []
-    in_names = {layer.name for layer in inputs}
-    out_names = {layer.name for layer in outputs}
-    for i, h in enumerate((d or {}).get("hints") or []):
-        w = f"{where}, dma hint {i}"
-        direction = enum_name("Direction", h.get("direction", 0), w, "DMA direction")
-        tag, body = h.get("any_hint_type", 0), h.get("any_hint")
-        if body is None:
-            raise ExecutableError(f"DMA hint type {tag} is unknown or missing", where=w)
-        member = UNIONS["AnyHint"][tag]
-        if member == "InstructionHint":
-            c = body.get("instruction_chunk_index", 0)
-            if not 0 <= c < len(chunks):
-                raise ExecutableError(f"instruction chunk {c} does not exist (the executable "
-                                      f"has {len(chunks)})", where=w)
-            hints.append(DmaHint("instruction", chunk=c, size=len(chunks[c]),
-                                 direction=direction))
-        elif member == "InterruptHint":
-            t = body.get("type", 0)
-            enum_name("InterruptType", t, w, "interrupt type")
-            hints.append(DmaHint("interrupt", interrupt=t, direction=direction))
-        elif member == "FenceHint":
-            hints.append(DmaHint("fence", direction=direction))
-        else:
-            meta = body.get("meta") or {}
-            kind = enum_name("Description", meta.get("desc", 0), w, "DMA descriptor target")
-            off, size = body.get("offset_in_bytes", 0), body.get("size_in_bytes", 0)
-            name = meta.get("name") or None
-            if off < 0 or size < 0:
-                raise ExecutableError(f"negative offset {off} or size {size}", where=w)
-            if kind == "parameter" and off + size > params:
-                raise ExecutableError(f"parameter bytes {off}..{off + size} are outside the "
-                                      f"{params}-byte parameter blob", where=w)
-            names = {"input": in_names, "output": out_names}.get(kind)
-            if names is not None and name not in names:
-                raise ExecutableError(f"{kind} hint names {name!r}, which is not one of the "
-                                      f"executable's {kind} layers", where=w)
-            if (kind == "output") != (direction == "outfeed") and kind != "scratch":
-                raise ExecutableError(f"{kind} hint has direction {direction}", where=w)
-            hints.append(DmaHint(kind, name=name, offset=off, size=size, direction=direction,
-                                 batch=meta.get("batch", 0)))
-    return hints, bool((d or {}).get("fully_deterministic", False))
-
-
-def _field_offsets(chunk: dict, n_bits: int, where: str) -> list[FieldOffset]:
-    out = []
-    for j, f in enumerate(chunk.get("field_offsets") or []):
-        meta = f.get("meta") or {}
-        bit = f.get("offset_bit", 0)
-        if not 0 <= bit <= n_bits - 32:
-            raise ExecutableError(f"field offset {j} patches bits {bit}..{bit + 32} of a "
-                                  f"{n_bits}-bit chunk", where=where)
-        out.append(FieldOffset(
-            enum_name("Description", meta.get("desc", 0), where, "field offset target"),
-            meta.get("batch", 0), meta.get("name") or None, meta.get("position", 0) == 1, bit))
-    return out
-
-
-def _executable(buf: memoryview, where: str, budget: DecodeBudget) -> Executable:
-    d = _decode(buf, "Executable", where, budget)
-    etype = enum_name("ExecutableType", d.get("type", 0), where, "executable type")
-    where = f"{where} ({etype})"
-    batch = d.get("batch_size", 0)
-    if batch < 1:
-        raise ExecutableError(f"executable has invalid batch size {batch}; it must be >= 1",
-                              where=where)
-    for key in ("scratch_size_bytes", "used_narrow_memory_bytes_per_tile"):
-        if d.get(key, 0) < 0:
-            raise ExecutableError(f"{key} is negative ({d[key]})", where=where)
-    chunks, offsets = [], []
-    for i, c in enumerate(d.get("instruction_bitstreams") or []):
-        view = _view(c.get("bitstream"))
-        chunks.append(view)
-        offsets.append(_field_offsets(c, 8 * len(view), f"{where}, instruction chunk {i}"))
-    if not chunks or not any(len(c) for c in chunks):
-        raise ExecutableError("executable has no instructions", where=where)
-    inputs = [layer_from_table(x, False, f"{where}, input {i}", budget)
-              for i, x in enumerate(d.get("input_layers") or [])]
-    outputs = [layer_from_table(x, True, f"{where}, output {i}", budget)
-               for i, x in enumerate(d.get("output_layers") or [])]
-    params = _view(d.get("parameters"))
-    hints, deterministic = _hints(d.get("dma_hints"), chunks, inputs, outputs, len(params),
-                                  where)
-    token = d.get("parameter_caching_token", 0)
-    if etype == "PARAMETER_CACHING" and token == 0:
-        raise ExecutableError("parameter-caching executable has caching token 0", where=where)
-    cycles = d.get("estimated_cycles_64bit")
-    return Executable(
-        type=etype, batch_size=batch, parameters=params, instructions=chunks, dma_hints=hints,
-        fully_deterministic=deterministic, inputs=inputs, outputs=outputs,
-        caching_token=token, chip=d.get("chip") or "", name=d.get("name") or "",
-        estimated_cycles=cycles if cycles is not None else d.get("estimated_cycles"),
-        version=d.get("version", 0), scratch_size_bytes=d.get("scratch_size_bytes", 0),
-        used_narrow_memory_bytes_per_tile=d.get("used_narrow_memory_bytes_per_tile", 0),
-        use_tpu_dram_for_parameters=bool(d.get("use_tpu_dram_for_parameters", False)),
-        field_offsets=offsets)
+    # Enum values outside coralrt's schema, one per field and value (each was logged).
+    unknown_values: list[UnknownValue] = field(default_factory=list)
 
 
 _TYPES = ("STAND_ALONE", "PARAMETER_CACHING", "EXECUTION_ONLY")
@@ -263,6 +85,8 @@ def _check_combination(executables: list[Executable]) -> None:
     types = [e.type for e in executables]
     if len(set(types)) != len(types):
         raise ExecutableError(f"multiple executables of the same type in the package: {types}")
+    if any(isinstance(t, UnknownEnum) for t in types):
+        return  # judged when the package is loaded (select_executables, check_runnable)
     if set(types) not in _ALLOWED:
         raise ExecutableError(f"invalid combination of executables in the package: {types}; "
                               f"libedgetpu accepts one executable, PARAMETER_CACHING + "
@@ -278,20 +102,28 @@ def parse_package(custom_options) -> Package:
 
     Accepts any bytes-like object; parameters and instruction chunks of the
     result are views into it (keep it alive and unchanged while they are used).
-    Raises :class:`~coralrt.errors.ExecutableError` for every defect.
+    Raises :class:`~coralrt.errors.ExecutableError` for every defect.  Enum
+    values outside coralrt's schema are not defects here: they are kept as
+    :class:`UnknownEnum` numbers, listed in ``Package.unknown_values`` and
+    logged once per field and value; :func:`check_runnable` refuses those
+    that matter to a run.
     """
     try:
         buf = memoryview(custom_options).cast("B")
     except TypeError as e:
         raise ExecutableError(f"custom_options must be bytes-like ({e})") from None
+    unknowns = Unknowns()
     try:
-        return _parse(buf, DecodeBudget(len(buf)))
+        package = _parse(buf, DecodeBudget(len(buf)), unknowns)
     except (struct.error, IndexError, OverflowError, UnicodeDecodeError) as e:
         # The readers check bounds first; this is a last guard for the unforeseen.
         raise ExecutableError(f"malformed executable package ({type(e).__name__}: {e})") from None
+    package.unknown_values = unknowns.values
+    unknowns.warn()
+    return package
 
 
-def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
+def _parse(buf: memoryview, budget: DecodeBudget, unknowns: Unknowns) -> Package:
     # One budget for everything nested in ``buf``: the package and the
     # executables are slices of it, so a valid package spends a fraction of it.
     opts = FlexReader(buf, budget).root_map()
@@ -304,7 +136,7 @@ def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
     common = dict(custom_op_version=version if isinstance(version, int) else 0,
                   execution_preference=preference if isinstance(preference, int) else None)
     if blob[4:8] != IDENTIFIER and ("2" in opts or "3" in opts):
-        return _oldest(opts, blob, common, budget)
+        return _oldest(opts, blob, common, budget, unknowns)
     chips = opts.get("6")
     layout = "older" if chips is None else "current"
     if chips is not None:
@@ -322,7 +154,7 @@ def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
                                   where="custom_options")
     if blob[4:8] != IDENTIFIER:
         log.warning("package file identifier %r is not %r", bytes(blob[4:8]), IDENTIFIER)
-    pkg = _decode(blob, "Package", "package", budget)
+    pkg = decode_table(blob, "Package", "package", budget)
     mrv = pkg.get("min_runtime_version", 0)
     if mrv > RUNTIME_VERSION:
         raise ExecutableError(f"package requires runtime version {mrv}, which is newer than "
@@ -333,7 +165,7 @@ def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
     if pkg.get("virtual_chip_id", 0) == -1:
         raise ExecutableError("this is a multi-chip package, which is not supported",
                               where="package")
-    multi = _view(pkg.get("serialized_multi_executable"))
+    multi = view(pkg.get("serialized_multi_executable"))
     if not len(multi):
         raise ExecutableError("no executables to register (empty multi-executable)",
                               where="package")
@@ -346,7 +178,8 @@ def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
         raise ExecutableError(f"the package holds {len(blobs)} executables; libedgetpu "
                               f"accepts at most one of each of the {len(_TYPES)} types",
                               where="package.multi_executable")
-    exes = [_executable(b, f"executable {i}", budget) for i, b in enumerate(blobs)]
+    exes = [read_executable(b, f"executable {i}", budget, unknowns)
+            for i, b in enumerate(blobs)]
     _check_combination(exes)
     signature = pkg.get("signature")
     return Package(
@@ -357,15 +190,16 @@ def _parse(buf: memoryview, budget: DecodeBudget) -> Package:
         signature_bytes=0 if signature is None else len(signature), chip_ids=chips, **common)
 
 
-def _oldest(opts: dict, blob: memoryview, common: dict, budget: DecodeBudget) -> Package:
+def _oldest(opts: dict, blob: memoryview, common: dict, budget: DecodeBudget,
+            unknowns: Unknowns) -> Package:
     # Bare executables, no Package.  Key "3" held the parameter-caching half:
     # libedgetpu now ignores it, but the main executable then lacks its
     # parameters, so keep the pair (the main one runs as EXECUTION_ONLY).
-    main = _executable(blob, "executable 0", budget)
+    main = read_executable(blob, "executable 0", budget, unknowns)
     exes = [main]
     pc_blob = opts.get("3")
     if isinstance(pc_blob, memoryview) and len(pc_blob):
-        pc = _executable(pc_blob, "executable 1", budget)
+        pc = read_executable(pc_blob, "executable 1", budget, unknowns)
         if pc.type == "STAND_ALONE":
             pc.type = "PARAMETER_CACHING"
         if main.type == "STAND_ALONE":
@@ -385,19 +219,74 @@ def select_executables(package: Package) -> tuple[Executable | None, Executable]
     """(parameter-caching executable or None, executable to run), as libedgetpu picks them.
 
     One executable: it runs whatever its type says.  Two: PARAMETER_CACHING
-    then EXECUTION_ONLY.  Three: the STAND_ALONE one, with no caching.
+    then EXECUTION_ONLY.  Three: the STAND_ALONE one, with no caching.  With
+    several executables, one whose type coralrt does not know leaves the
+    choice open: :class:`~coralrt.errors.ExecutableError`.
     """
     exes = package.executables
     if exes:
         _check_combination(exes)
-    by_type = {e.type: e for e in exes}
     if len(exes) == 1:
         return None, exes[0]
+    for i, e in enumerate(exes):
+        if isinstance(e.type, UnknownEnum):
+            raise ExecutableError(
+                f"executable type {int(e.type)} is not one coralrt knows ({', '.join(_TYPES)}), "
+                f"so which of the package's {len(exes)} executables runs cannot be decided",
+                where=f"executable {i}")
+    by_type = {e.type: e for e in exes}
     if len(exes) == 2:
         return by_type["PARAMETER_CACHING"], by_type["EXECUTION_ONLY"]
     if len(exes) == 3:
         return None, by_type["STAND_ALONE"]
     raise ExecutableError("the package has no executables")
+
+
+def _known(value) -> bool:
+    return not isinstance(value, UnknownEnum)
+
+
+def check_runnable(package: Package, executables) -> None:
+    """Refuse ``executables`` (of ``package``; None entries skipped) when a value a run needs
+    is outside coralrt's schema.
+
+    Needed: the executable type (when to run it), each input's and output's
+    data type (the size and conversion of the bytes the host sends and
+    receives), each output's layer kind (its OutputLayer gives the layout),
+    and every DMA hint's type, target, direction and interrupt (the transfer
+    order the host follows).  Field offsets are not used by a USB host, so
+    unknown values there do not matter.  Raises
+    :class:`~coralrt.errors.ExecutableError` naming the field and the value.
+    """
+    for e in executables:
+        if e is None:
+            continue
+        i = next(n for n, x in enumerate(package.executables) if x is e)
+        where = f"executable {i}"
+        if not _known(e.type):
+            raise ExecutableError(f"executable type {int(e.type)} is not one coralrt knows "
+                                  f"({', '.join(_TYPES)}); it cannot schedule this executable",
+                                  where=where)
+        for role, layers in (("input", e.inputs), ("output", e.outputs)):
+            for layer in layers:
+                w = f"{where}, {role} layer {layer.name!r}"
+                if not _known(layer.data_type):
+                    raise ExecutableError(
+                        f"data type {int(layer.data_type)} is not one coralrt knows "
+                        f"({', '.join(ENUMS['DataType'].values())}); it cannot size or "
+                        f"convert the tensor's bytes", where=w)
+                if role == "output" and not _known(layer.kind):
+                    raise ExecutableError(
+                        f"layer kind {int(layer.kind)} is not one coralrt knows (OutputLayer); "
+                        f"it cannot tell where the device puts the output's bytes", where=w)
+        for j, h in enumerate(e.dma_hints):
+            for what, value in (("DMA hint type" if getattr(h.kind, "enum", "") == "AnyHint"
+                                 else "DMA descriptor target", h.kind),
+                                ("DMA direction", h.direction), ("interrupt type", h.interrupt)):
+                if isinstance(value, UnknownEnum):
+                    raise ExecutableError(
+                        f"{what} {int(value)} is not one coralrt knows; it cannot follow the "
+                        f"executable's transfer order", where=f"{where}, dma hint {j}")
 
 
 def _layer_dict(layer: Layer) -> dict:
@@ -407,23 +296,36 @@ def _layer_dict(layer: Layer) -> dict:
 
 
 def describe(package: Package) -> dict:
-    """A JSON-ready summary of the package (``coralrt inspect --json``, key "edgetpu")."""
-    pc, main = select_executables(package)
+    """A JSON-ready summary of the package (``coralrt inspect --json``, key "edgetpu").
+
+    Values outside coralrt's schema appear as numbers (``UnknownEnum`` is an
+    int), and ``unknown_values`` lists them with the first place each was met.
+    """
+    try:
+        pc, main = select_executables(package)
+    except ExecutableError:     # an executable type coralrt does not know
+        pc = main = None
     exes = []
     for e in package.executables:
         kinds: dict[str, int] = {}
         for h in e.dma_hints:
-            kinds[h.kind] = kinds.get(h.kind, 0) + 1
+            kinds[str(h.kind)] = kinds.get(str(h.kind), 0) + 1
+        role = "run" if e is main else ("cache" if e is pc else
+                                        "unused" if main is not None else "unknown")
         exes.append({
-            "type": e.type, "role": "run" if e is main else ("cache" if e is pc else "unused"),
+            "type": e.type, "role": role,
             "batch_size": e.batch_size, "chip": e.chip, "caching_token": e.caching_token,
             "parameters_bytes": e.parameters_bytes, "instruction_bytes": e.instruction_bytes,
             "instruction_chunks": [len(c) for c in e.instructions],
             "scratch_bytes": e.scratch_size_bytes, "estimated_cycles": e.estimated_cycles,
             "fully_deterministic": e.fully_deterministic, "dma_hints": kinds,
+            "layer_format": e.layer_format,
             "inputs": [_layer_dict(x) for x in e.inputs],
             "outputs": [_layer_dict(x) for x in e.outputs],
         })
     return {"layout": package.layout, "min_runtime_version": package.min_runtime_version,
             "compiler_version": package.compiler_version,
-            "model_identifier": package.model_identifier, "executables": exes}
+            "model_identifier": package.model_identifier, "executables": exes,
+            "unknown_values": [{"field": v.field, "value": v.value, "where": v.where,
+                                "count": v.count, "message": str(v)}
+                               for v in package.unknown_values]}

@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 
 from coralrt.formats import segment_codec as seg_codec
-from coralrt.formats.dwn1 import parse_package, select_executables
+from coralrt.formats.dwn1 import check_runnable, parse_package, select_executables
 from coralrt.errors import ExecutableError
 from coralrt.model.types import numpy_dtype
 from coralrt.usb import constants as C
@@ -48,6 +48,7 @@ class ExecutableProgram:
         self.data = data
         self.package = parse_package(data)
         self.cache, self.exe = select_executables(self.package)
+        check_runnable(self.package, (self.cache, self.exe))  # enum values it needs
         for e in (self.cache, self.exe):
             if e is not None and not e.fully_deterministic:
                 raise ExecutableError(

@@ -23,7 +23,7 @@ from coralrt.cli.main import main
 from coralrt.errors import ExecutableError, ModelError
 from coralrt.model import load_model
 from coralrt.model.flatbuf import decode_root
-from coralrt.formats.dwn1 import describe, parse_package, select_executables
+from coralrt.formats.dwn1 import check_runnable, describe, parse_package, select_executables
 from coralrt.formats.dwn1_schema import LAYOUT, UNIONS, binary_strings
 from coralrt.formats.flexreader import FlexReader
 
@@ -283,7 +283,6 @@ def test_min_runtime_version(version, ok, caplog):
     (3, "<i", -2, "invalid batch size -2"),
     (13, "<h", 1, r"multiple executables of the same type"),
     (13, "<h", 0, r"invalid combination of executables .*STAND_ALONE"),
-    (13, "<h", 7, "unknown executable type 7"),
 ])
 def test_executable_checks(slot, fmt, value, message):
     def patch(b):
@@ -307,11 +306,24 @@ def hint(b: bytearray, exe: int, index: int) -> int:
     return deref(b, hints + 4 + 4 * index)
 
 
+def test_unknown_executable_type_is_refused_when_choosing():
+    # An unknown enum value decodes (tests/test_dwn1_lenient.py); it is refused
+    # where it matters: choosing the executable to run.
+    def patch(b):
+        struct.pack_into("<h", b, field_at(b, executable_tables(b)[0], 13), 7)
+    pkg = parse_package(patched(V1, patch))
+    with pytest.raises(ExecutableError, match="executable 0: executable type 7 is not one "
+                                              "coralrt knows"):
+        select_executables(pkg)
+
+
 def test_dma_hint_checks():
     def tag(b):
         b[field_at(b, hint(b, executable_tables(b)[0], 0), 0)] = 9
-    with pytest.raises(ExecutableError, match=r"executable 0 .*dma hint 0: DMA hint type 9 is"):
-        parse_package(patched(V1, tag))
+    pkg = parse_package(patched(V1, tag))   # decodes: the value is kept as a number
+    with pytest.raises(ExecutableError, match=r"executable 0, dma hint 0: DMA hint type 9 is "
+                                              r"not one"):
+        check_runnable(pkg, select_executables(pkg))
 
     def size(b):
         desc = deref(b, field_at(b, hint(b, executable_tables(b)[1], 1), 1))
