@@ -23,6 +23,10 @@ variable                                meaning
 ``CORALRT_DISABLE_PLUGIN_AUTOLOAD``     ``1`` (or true/yes/on): do not load plugins from
                                         the ``coralrt`` entry-point group; plugins passed
                                         to ``InferenceSession(plugins=...)`` still load
+``CORALRT_PLUGINS_STRICT``              ``1`` (or true/yes/on): an installed plugin that
+                                        cannot be loaded or whose registration hook
+                                        fails raises ``PluginError`` instead of being
+                                        skipped with a warning; ``0`` or unset: skipped
 ``CORALRT_EDGETPU_COMPILER``            path of the ``edgetpu_compiler`` executable to
                                         use (a file, or a folder holding one); unset:
                                         looked up on ``PATH``
@@ -72,8 +76,9 @@ from coralrt.errors import ConfigError
 __all__ = [
     "CACHE_DIR", "CACHE", "CACHE_MAX_BYTES", "DEFAULT_CACHE_MAX_BYTES",
     "cache_dir", "cache_enabled", "cache_max_bytes", "DISABLE_PLUGIN_AUTOLOAD",
-    "plugin_autoload", "EDGETPU_COMPILER", "EDGETPU_COMPILER_TIMEOUT",
-    "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler", "edgetpu_compiler_timeout",
+    "plugin_autoload", "PLUGINS_STRICT", "plugins_strict", "EDGETPU_COMPILER",
+    "EDGETPU_COMPILER_TIMEOUT", "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler",
+    "edgetpu_compiler_timeout",
     "RUNTIME_DIR", "runtime_dir", "temp_runtime_dir", "firmware_dir",
 ]
 
@@ -81,6 +86,7 @@ CACHE_DIR = "CORALRT_CACHE_DIR"
 CACHE = "CORALRT_CACHE"
 CACHE_MAX_BYTES = "CORALRT_CACHE_MAX_BYTES"
 DISABLE_PLUGIN_AUTOLOAD = "CORALRT_DISABLE_PLUGIN_AUTOLOAD"
+PLUGINS_STRICT = "CORALRT_PLUGINS_STRICT"
 EDGETPU_COMPILER = "CORALRT_EDGETPU_COMPILER"
 EDGETPU_COMPILER_TIMEOUT = "CORALRT_EDGETPU_COMPILER_TIMEOUT"
 RUNTIME_DIR = "CORALRT_RUNTIME_DIR"
@@ -149,6 +155,18 @@ def plugin_autoload() -> bool:
         return False
     raise ConfigError(f"{DISABLE_PLUGIN_AUTOLOAD}={value!r} is not understood; use 1 to "
                       f"disable plugin autoloading or 0 to keep it")
+
+
+def plugins_strict() -> bool:
+    """True when ``CORALRT_PLUGINS_STRICT`` is set to a true value: a broken
+    installed plugin is an error instead of being skipped."""
+    value = _get(PLUGINS_STRICT)
+    if value is None or value.lower() in _FALSE:
+        return False
+    if value.lower() in _TRUE:
+        return True
+    raise ConfigError(f"{PLUGINS_STRICT}={value!r} is not understood; use 1 to make a broken "
+                      f"installed plugin an error or 0 to skip it with a warning")
 
 
 def edgetpu_compiler() -> Path | None:

@@ -1,5 +1,5 @@
 """The ``coralrt`` command line: ``coralrt inspect | partition | compile | run |
-bench | demo | cache | firmware | devices | doctor``.
+bench | demo | cache | firmware | devices | doctor | plugins``.
 
 The entry point is :func:`coralrt.cli.main.main`.  Each command lives in its
 own module with an ``add_parser`` function and a ``command`` function; the

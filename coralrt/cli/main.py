@@ -19,13 +19,14 @@ from coralrt.cli import (
     bench_cmd, cache_cmd, compile_cmd, demo_cmd, inspect_cmd, partition_cmd, run_cmd,
 )
 from coralrt.cli import devices_cmd, doctor_cmd, firmware_cmd
+from coralrt.cli import plugins_cmd
 from coralrt.errors import CoralRTError, ModelError
 
 __all__ = ["main", "build_parser"]
 
 PROG = "coralrt"
 _COMMANDS = (inspect_cmd, partition_cmd, compile_cmd, run_cmd, bench_cmd, demo_cmd,
-             cache_cmd, firmware_cmd, devices_cmd, doctor_cmd)
+             cache_cmd, firmware_cmd, devices_cmd, doctor_cmd, plugins_cmd)
 
 
 def _version() -> str:

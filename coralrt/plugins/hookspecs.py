@@ -11,13 +11,26 @@ entry-point group ``coralrt``::
 or registered explicitly with ``InferenceSession(..., plugins=[obj])``; a
 plugin object must be hashable (pluggy keeps plugins in sets: a ``@dataclass``
 plugin needs ``eq=False``).  ``CORALRT_DISABLE_PLUGIN_AUTOLOAD=1`` turns
-entry-point loading off.  An entry point that cannot be loaded (its package
-fails to import, say) raises :class:`coralrt.errors.PluginError` naming the
-group, and so does a function marked ``@hookimpl`` whose name is not a hook
-here (a typo never fails silently) or an explicit plugin pluggy refuses.
+entry-point loading off.  An installed plugin is named by its entry point
+(``sinh`` above), a plugin object by its class (``module.QualName``, then
+``#2``, ``#3`` ... for more objects of one class).
 coralrt's own compilers, device kind and step runner are a plugin like any
 other, registered under the name ``coralrt.builtins`` through these same
 hooks (``coralrt/plugins/builtins.py``).
+
+A broken plugin does not take coralrt down.  An installed plugin whose entry
+point cannot be loaded (its package fails to import, say), that has a
+function marked ``@hookimpl`` whose name is not a hook here, or whose
+registration hook raises, returns a value or adds something of the wrong
+type, is skipped with one logged warning naming it, its distribution and the
+error; ``CORALRT_PLUGINS_STRICT=1`` makes that a
+:class:`coralrt.errors.PluginError` instead.  A broken explicit plugin always
+raises ``PluginError`` (a typo never fails silently).  Whatever a plugin's
+CPU kernel raises during ``run`` becomes a :class:`coralrt.errors.InferenceError`
+naming the operator (index and name) and the plugin, with the original as its
+``__cause__`` (coralrt's own typed errors included); a plugin's simulated
+Edge TPU kernel fails the segment's run with an ``InferenceError`` whose
+message names the operator and the plugin.
 
 Every hook is called through the plugin manager, so ``wrapper=True``
 implementations and pluggy's tracing see every call.  Each registration hook

@@ -13,7 +13,12 @@ module's rule, not the order in which pluggy calls the plugins:
 
 A registration hook receives a *view* of a registry (``registry.for_plugin(name)``),
 whose ``add`` methods record that plugin's name; the host hands each plugin
-its own view (``coralrt/plugins/host.py``).
+its own view (``coralrt/plugins/host.py``) of a registry of its own, and
+``merge``s the registries of the plugins that registered without an error
+into the session's: a plugin whose hook fails adds nothing.  ``add`` checks
+the types of what it is given (a ``ConfigError`` otherwise), and
+:meth:`OpRegistry.sim_kernels` wraps the plugins' Edge TPU kernels so that
+what they raise names the operator and the plugin.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coralrt.compile.rules import OpSupport, RuleRegistry, default_rules
-from coralrt.errors import ConfigError
+from coralrt.errors import ConfigError, InferenceError, PluginError
 from coralrt.runtime.info import OpInfo
 
 __all__ = ["BUILTIN", "UNNAMED", "OpInfo", "CpuKernel", "OpRegistry", "CompilerRegistry",
@@ -59,6 +64,33 @@ def _prefer(what: str, old, new):
                       f"skips the installed ones)")
 
 
+def _check_name(what: str, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty str, not {value!r}")
+
+
+def _guarded_factory(op_name: str, factory: Callable, plugin: str) -> Callable:
+    """``factory`` whose errors, and its kernel's, name ``op_name`` and ``plugin``."""
+    def prepare(ctx):
+        try:
+            run = factory(ctx)
+        except Exception as e:
+            raise PluginError(f"the Edge TPU kernel factory of plugin {plugin} for {op_name} "
+                              f"raised {type(e).__name__}: {e}") from e
+        if not callable(run):
+            raise PluginError(f"the Edge TPU kernel factory of plugin {plugin} for {op_name} "
+                              f"returned {type(run).__name__}, not a callable run(inputs)")
+
+        def guarded(inputs):
+            try:
+                return run(inputs)
+            except Exception as e:
+                raise InferenceError(f"operator {op_name} (Edge TPU kernel of plugin "
+                                     f"{plugin}) raised {type(e).__name__}: {e}") from e
+        return guarded
+    return prepare
+
+
 # -- operators -----------------------------------------------------------------------------
 
 
@@ -84,6 +116,9 @@ class OpRegistry:
     (see the module docstring); treat them as read-only.
     """
 
+    #: What :meth:`summary` reports, in order (columns of ``coralrt plugins``).
+    CATEGORIES = ("operators", "rules")
+
     def __init__(self) -> None:
         self.kernels: dict[str, _Kernel] = {}
         self.tpu_ops: dict[str, _TpuOp] = {}
@@ -94,6 +129,7 @@ class OpRegistry:
 
     def add_kernel(self, op_name: str, fn: CpuKernel, *, plugin: str = UNNAMED) -> None:
         """A CPU kernel ``fn(inputs, op) -> outputs`` for ``op_name``, from ``plugin``."""
+        _check_name("operator name", op_name)
         if not callable(fn):
             raise ConfigError(f"kernel for {op_name!r} is not callable")
         what = f"a CPU kernel for {op_name!r}"
@@ -103,8 +139,12 @@ class OpRegistry:
     def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable, *,
                    plugin: str = UNNAMED) -> None:
         """Declare ``op_name`` Edge TPU-compatible (simulated device) with its integer kernel."""
+        _check_name("operator name", op_name)
         if not isinstance(support, OpSupport):
-            raise ConfigError(f"support for {op_name!r} must be an OpSupport")
+            raise ConfigError(f"support for {op_name!r} must be an OpSupport, not "
+                              f"{type(support).__name__}")
+        if not callable(kernel_factory):
+            raise ConfigError(f"Edge TPU kernel factory for {op_name!r} is not callable")
         what = f"Edge TPU support for {op_name!r}"
         self.tpu_ops[op_name] = _prefer(what, self.tpu_ops.get(op_name),
                                         _TpuOp(support, kernel_factory, plugin,
@@ -122,7 +162,26 @@ class OpRegistry:
         return rules
 
     def sim_kernels(self) -> dict[str, Callable]:
-        return {name: op.kernel_factory for name, op in self.tpu_ops.items()}
+        """Operator name -> kernel factory for the simulated Edge TPU.  A third-party
+        factory is wrapped: what it raises becomes a ``PluginError``, what its
+        kernel raises an ``InferenceError``, each naming the operator and the
+        plugin (the simulated stick reports the message; the original
+        exception stays on the host side of its USB boundary)."""
+        return {name: op.kernel_factory if op.builtin else
+                _guarded_factory(name, op.kernel_factory, op.plugin)
+                for name, op in self.tpu_ops.items()}
+
+    def merge(self, other: OpRegistry) -> None:
+        """Add every entry of ``other``, each as the plugin that registered it."""
+        for name, k in other.kernels.items():
+            self.add_kernel(name, k.fn, plugin=k.plugin)
+        for name, op in other.tpu_ops.items():
+            self.add_tpu_op(name, op.support, op.kernel_factory, plugin=op.plugin)
+
+    def summary(self) -> dict[str, list[str]]:
+        """``operators``: names with a CPU kernel; ``rules``: names declared
+        Edge TPU-compatible (a support rule and a simulated Edge TPU kernel)."""
+        return {"operators": sorted(self.kernels), "rules": sorted(self.tpu_ops)}
 
     def fingerprint(self) -> list:
         """What changes the partition: plugin TPU operators (part of the cache key)."""
@@ -173,6 +232,8 @@ class CompilerRegistry:
     """Compilers from plugins, by device kind (see the module docstring for
     which one wins)."""
 
+    CATEGORIES = ("compilers",)
+
     def __init__(self) -> None:
         self._by_id: dict[str, _Compiler] = {}
         self._by_kind: dict[str, _Compiler] = {}
@@ -186,6 +247,16 @@ class CompilerRegistry:
         for attr in ("id", "version", "runs_on", "compile_segment"):
             if not hasattr(compiler, attr):
                 raise ConfigError(f"compiler {compiler!r} has no {attr!r}")
+        _check_name("compiler id", compiler.id)
+        if not isinstance(compiler.version, str):
+            raise ConfigError(f"compiler {compiler.id!r}: version must be a str, not "
+                              f"{type(compiler.version).__name__}")
+        if not isinstance(compiler.runs_on, (tuple, list, set, frozenset)) or not all(
+                isinstance(kind, str) for kind in compiler.runs_on):
+            raise ConfigError(f"compiler {compiler.id!r}: runs_on must be a tuple of device "
+                              f"kinds (str), not {compiler.runs_on!r}")
+        if not callable(compiler.compile_segment):
+            raise ConfigError(f"compiler {compiler.id!r}: compile_segment is not callable")
         entry = _Compiler(compiler, plugin, plugin == BUILTIN)
         # Check every conflict before changing anything.
         by_id = _prefer(f"compiler id {compiler.id!r}", self._by_id.get(compiler.id), entry)
@@ -211,6 +282,15 @@ class CompilerRegistry:
         entry = self._by_kind.get(kind)
         return entry.plugin if entry is not None else None
 
+    def merge(self, other: CompilerRegistry) -> None:
+        """Add every compiler of ``other``, each as the plugin that registered it."""
+        for entry in other._by_id.values():
+            self.add(entry.compiler, plugin=entry.plugin)
+
+    def summary(self) -> dict[str, list[str]]:
+        """``compilers``: the id of every compiler."""
+        return {"compilers": sorted(self._by_id)}
+
 
 class CompilerRegistration(_Registration):
     """What a plugin's ``coralrt_register_compilers`` hook receives."""
@@ -233,6 +313,8 @@ class _Device:
 class DeviceRegistry:
     """Device kinds from plugins (see the module docstring for which one wins)."""
 
+    CATEGORIES = ("devices",)
+
     def __init__(self) -> None:
         self._kinds: dict[str, _Device] = {}
 
@@ -242,6 +324,9 @@ class DeviceRegistry:
 
     def add(self, kind: str, factory: Callable, *, plugin: str = UNNAMED) -> None:
         """Register device kind ``kind`` from ``plugin``."""
+        _check_name("device kind", kind)
+        if not callable(factory):
+            raise ConfigError(f"factory of device kind {kind!r} is not callable")
         self._kinds[kind] = _prefer(f"device kind {kind!r}", self._kinds.get(kind),
                                     _Device(factory, plugin, plugin == BUILTIN))
 
@@ -254,6 +339,14 @@ class DeviceRegistry:
         """The name of the plugin whose factory :meth:`create` uses for ``kind``."""
         entry = self._kinds.get(kind)
         return entry.plugin if entry is not None else None
+
+    def merge(self, other: DeviceRegistry) -> None:
+        """Add every device kind of ``other``, each as the plugin that registered it."""
+        for kind, entry in other._kinds.items():
+            self.add(kind, entry.factory, plugin=entry.plugin)
+
+    def summary(self) -> dict[str, list[str]]:
+        return {"devices": sorted(self._kinds)}
 
     def create(self, kind: str, **options):
         entry = self._kinds.get(kind)

@@ -18,14 +18,14 @@ import numpy as np
 
 from coralrt.formats.opnames import DEVICE_OPS, EDGETPU_OP
 from coralrt.runtime.device import EdgeTpuDevice
-from coralrt.errors import ConfigError, PluginError
+from coralrt.errors import ConfigError, InferenceError, PluginError
 from coralrt.model.custom_options import decode_flexbuffer_map
 from coralrt.model.extract import extract
 from coralrt.model.fixups import with_explicit_biases
 from coralrt.model.types import Model
 from coralrt.runtime.info import OpInfo, StepInfo
 from coralrt.runtime.program import Program
-from coralrt.tensors import TensorInfo
+from coralrt.tensors import tensor_infos
 
 __all__ = ["Step", "StepInfo", "ExecutorProgram", "build_program", "run_steps"]
 
@@ -182,16 +182,22 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
 def _plugin_step(sg, i: int, kernel) -> Step:
     op = sg.operators[i]
     custom = bytes(op.custom_options) if op.custom_options is not None else b""
+    present = [t for t in op.inputs if t >= 0]
+    given = dict(zip(present, tensor_infos(sg, present)))
     info = OpInfo(
         name=op.name, options=dict(op.options), custom_options=custom,
         flex_options=decode_flexbuffer_map(custom) if custom else None,
-        inputs=[TensorInfo.from_tensor(sg.tensors[t], t) if t >= 0 else None
-                for t in op.inputs],
-        outputs=[TensorInfo.from_tensor(sg.tensors[t], t) for t in op.outputs], index=i)
+        inputs=[given.get(t) for t in op.inputs],   # None for an omitted input (-1)
+        outputs=tensor_infos(sg, op.outputs), index=i)
     fn = kernel.fn
+    what = f"operator {i} ({'custom ' if op.opcode.is_custom else ''}{op.name})"
 
     def run(inputs):
-        outputs = fn(inputs, info)
+        try:
+            outputs = fn(inputs, info)
+        except Exception as e:  # whatever a plugin raises: name the operator and plugin
+            raise InferenceError(f"{what}: the CPU kernel of plugin {kernel.plugin} raised "
+                                 f"{type(e).__name__}: {e}") from e
         if not isinstance(outputs, (list, tuple)) or len(outputs) != len(info.outputs):
             raise PluginError(f"the {op.name} kernel of plugin {kernel.plugin} returned "
                               f"{type(outputs).__name__}, not a list of "
