@@ -1,0 +1,126 @@
+"""``python -m build`` makes an sdist and a wheel, and the wheel works on its own.
+
+The test copies the sources to a temporary folder (so the build writes nothing
+into this checkout), builds both distributions with ``python -m build`` (the
+wheel is built from the sdist, so a file missing from the sdist shows up here),
+creates a new virtual environment, installs the wheel into it with pip (pip
+downloads the dependencies), and runs ``coralrt demo`` from that environment in
+a folder outside the repository.  It checks that ``coralrt`` is imported from
+the environment, not from the source tree.
+
+It needs the package index pip is configured for (PyPI): when a quick
+``pip download`` of one small package fails, the test skips and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+
+_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", "build", "dist", "*.egg-info",
+                                 ".pytest_cache", ".benchmarks", ".hypothesis")
+
+
+def _env(cache: Path) -> dict:
+    """The environment of the commands: no PYTHONPATH and no user site (nothing
+    may reach the source tree), a compile cache of the test's own.  pip keeps
+    its download cache, so a second run does not download the dependencies again."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CORALRT_CACHE")}
+    env.update(CORALRT_CACHE_DIR=str(cache), PYTHONNOUSERSITE="1")
+    return env
+
+
+def _run(argv, *, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, (f"{' '.join(map(str, argv))} exited {proc.returncode}\n"
+                                  f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
+                                  f"{proc.stderr[-4000:]}")
+    return proc
+
+
+def _index_reachable(tmp: Path, env: dict) -> str | None:
+    """None when pip can download from its index, else why not."""
+    tmp.mkdir(exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+             "--disable-pip-version-check", "--retries", "1", "--timeout", "20",
+             "--dest", str(tmp), "pluggy"],
+            cwd=tmp, env=env, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return "`pip download pluggy` did not finish within 90 s"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"`pip download pluggy` failed: {tail}"
+    return None
+
+
+def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
+    if importlib.util.find_spec("build") is None:
+        pytest.fail("the `build` package is missing: it is in the dev extras "
+                    "(pip install -e '.[dev]', or `make test` rebuilds .venv)")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = _env(tmp_path / "coralrt-cache")
+    times = {}
+    t = time.perf_counter()
+    why = _index_reachable(tmp_path / "probe", env)
+    if why is not None:
+        pytest.skip(f"the package index is unreachable, so the wheel's dependencies cannot "
+                    f"be installed: {why}")
+    times["index probe"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    src = tmp_path / "src"
+    shutil.copytree(REPO_ROOT, src, ignore=_IGNORE, symlinks=True)
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=tmp_path, env=env)
+    times["build sdist + wheel"] = time.perf_counter() - t
+    sdists = list(dist.glob("coralrt-*.tar.gz"))
+    wheels = list(dist.glob("coralrt-*-py3-none-any.whl"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(p.name for p in dist.iterdir())
+    wheel = wheels[0]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "coralrt/py.typed" in names
+    assert "coralrt/cli/main.py" in names and "coralrt/sim/stick/__init__.py" in names
+    assert not any(n.startswith("tests/") for n in names), "the wheel must not ship the tests"
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "coralrt = coralrt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+    t = time.perf_counter()
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=outside, env=env)
+    py = venv / "bin" / "python"
+    _run([py, "-m", "pip", "install", "--disable-pip-version-check", wheel],
+         cwd=outside, env=env, timeout=600)
+    times["venv + pip install"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    where = _run([py, "-c", "import coralrt, sys; print(coralrt.__file__); "
+                  "print(coralrt.__version__)"], cwd=outside, env=env).stdout.split()
+    installed = Path(where[0]).resolve()
+    assert installed.is_relative_to(venv.resolve()), f"coralrt imported from {installed}"
+    assert not installed.is_relative_to(REPO_ROOT), installed
+    assert (installed.parent / "py.typed").is_file()
+    assert wheel.name.startswith(f"coralrt-{where[1]}-")
+
+    coralrt_cmd = venv / "bin" / "coralrt"
+    text = _run([coralrt_cmd, "demo", "--runs", "2"], cwd=outside, env=env).stdout
+    assert "top-5 classes of the synthetic input" in text
+    report = json.loads(_run([coralrt_cmd, "demo", "--runs", "2", "--json"],
+                             cwd=outside, env=env).stdout)
+    assert report["target"] == "sim"
+    times["coralrt demo x2"] = time.perf_counter() - t
+    print("wheel test times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
