@@ -146,27 +146,26 @@ def cache_max_bytes() -> int:
     return int(m.group(1)) * _UNITS[unit]
 
 
+def _flag(name: str, meaning: str) -> bool:
+    """A true/false variable: False when unset; ``meaning`` completes "use 1 to ..."."""
+    value = _get(name)
+    if value is None or value.lower() in _FALSE:
+        return False
+    if value.lower() in _TRUE:
+        return True
+    raise ConfigError(f"{name}={value!r} is not understood; use 1 to {meaning}")
+
+
 def plugin_autoload() -> bool:
     """False when ``CORALRT_DISABLE_PLUGIN_AUTOLOAD`` is set to a true value."""
-    value = _get(DISABLE_PLUGIN_AUTOLOAD)
-    if value is None or value.lower() in _FALSE:
-        return True
-    if value.lower() in _TRUE:
-        return False
-    raise ConfigError(f"{DISABLE_PLUGIN_AUTOLOAD}={value!r} is not understood; use 1 to "
-                      f"disable plugin autoloading or 0 to keep it")
+    return not _flag(DISABLE_PLUGIN_AUTOLOAD, "disable plugin autoloading or 0 to keep it")
 
 
 def plugins_strict() -> bool:
     """True when ``CORALRT_PLUGINS_STRICT`` is set to a true value: a broken
     installed plugin is an error instead of being skipped."""
-    value = _get(PLUGINS_STRICT)
-    if value is None or value.lower() in _FALSE:
-        return False
-    if value.lower() in _TRUE:
-        return True
-    raise ConfigError(f"{PLUGINS_STRICT}={value!r} is not understood; use 1 to make a broken "
-                      f"installed plugin an error or 0 to skip it with a warning")
+    return _flag(PLUGINS_STRICT, "make a broken installed plugin an error or 0 to skip it "
+                                 "with a warning")
 
 
 def edgetpu_compiler() -> Path | None:
