@@ -85,3 +85,13 @@ def test_native_filter_keeps_everything_but_info(capfd):
     assert err == "WARNING: keep me\nERROR: and me\n"
     os.write(2, b"after\n")   # descriptor 2 is the real one again
     assert capfd.readouterr().err == "after\n"
+
+
+def test_help_never_breaks_a_url(capsys, monkeypatch):
+    from coralrt.usb import firmware
+    monkeypatch.setenv("COLUMNS", "50")     # narrower than the URLs
+    assert main(["firmware", "install", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert firmware.FIRMWARE_URL in out
+    assert main(["firmware", "--help"]) == 0
+    assert "(https://github.com/google-coral/libedgetpu," in capsys.readouterr().out

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 import traceback
 
 from coralrt.cli import (
@@ -47,8 +48,31 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
     return common
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's layout, but a line never breaks inside a word or at a hyphen,
+    so URLs and file names in help texts stay whole (and clickable)."""
+
+    def _split_lines(self, text, width):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent,
+                             break_long_words=False, break_on_hyphens=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the command line, the commands' and their actions' too
+    (``add_subparsers`` makes parsers of its parser's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, parents=[_common_options(suppress=False)],
         description="Inspect and run TFLite models with coralrt, the pure-Python runtime "
                     "for the Google Coral Edge TPU.",
