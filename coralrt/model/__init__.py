@@ -3,9 +3,13 @@
 ``_schema.py`` is the TFLite schema as a table and ``flatbuf.py`` the
 bounds-checked flatbuffer codec driven by it; ``reader.py`` and
 ``writer.py`` turn bytes into a :class:`Model` and back; ``validate.py``,
-``op_checks.py`` and ``custom_options.py`` check a model before any native
-library sees it; ``extract.py`` cuts sub-models; ``builder.py`` builds
-models in code.  See docs/model-layer.md.
+``op_checks.py``, ``quant_checks.py`` and ``xnnpack_checks.py`` (over
+``kernel_view.py``, how LiteRT's kernels see a tensor) and
+``custom_options.py`` check a model before any native library sees it;
+``extract.py`` cuts sub-models; ``builder.py`` builds models in code;
+``shapes.py`` infers the output shapes of custom operators whose file
+declares none; ``compiled.py`` knows compiled models.  See
+docs/model-layer.md.
 
 May import (layer 2): errors, formats.opnames, version, config, fileio.
 """

@@ -3,7 +3,9 @@ trust their operands (found by fuzzing LiteRT with damaged real models).
 
 Each check takes the subgraph, the operator and a place name, and raises
 :class:`~coralrt.errors.ModelError` when the operator cannot be prepared
-safely.
+safely.  As in validate.py, each comment says whether LiteRT crashes on
+what the check refuses (and where), refuses it too, or would run it without
+a right answer (or coralrt depends on it).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import numpy as np
 from coralrt.errors import ModelError
 from coralrt.model.types import Operator, Subgraph, Tensor
 
-__all__ = ["check_builtin_op"]
+__all__ = ["MAX_RANK", "check_builtin_op"]
 
-_MAX_RANK = 6  # the most dimensions TFLite's reshape kernels handle
+# The most dimensions a NumPy array holds (NPY_MAXDIMS: 32 before NumPy 2,
+# 64 since); coralrt and LiteRT's Python API hold tensors in NumPy arrays.
+MAX_RANK = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 
 
 class _BadSparsity(Exception):
@@ -87,11 +91,13 @@ def _densify(t: Tensor, limit: int) -> list[int]:
 def _sparse_shape(t: Tensor, where: str) -> list[int]:
     # TFLite's RESHAPE never densifies its shape operand: it reads the stored
     # values as if they were dense.  That is right only when the encoding keeps
-    # every value in order; otherwise the kernel reads past the data or
-    # reshapes to a shape the model does not mean.
+    # every value in order; otherwise the kernel reads past the data (crash:
+    # an out-of-bounds read) or reshapes to a shape the model does not mean
+    # (coralrt: a wrong answer).
     n = t.shape[0] if t.shape else 1
-    if n > _MAX_RANK:
-        raise ModelError(f"RESHAPE to rank {n} exceeds {_MAX_RANK}", where=where)
+    if n > MAX_RANK:
+        raise ModelError(f"RESHAPE to rank {n} exceeds {MAX_RANK}, the most dimensions a "
+                         f"NumPy array holds", where=where)
     kept = t.buffer.nbytes // t.dtype.itemsize
     if kept < n:
         raise ModelError(f"RESHAPE shape operand is sparse and stores {kept} of its {n} "
@@ -110,55 +116,93 @@ def _sparse_shape(t: Tensor, where: str) -> list[int]:
     return dense
 
 
-def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
-    if not op.inputs or op.inputs[0] < 0 or not op.outputs:
-        raise ModelError("RESHAPE needs an input and an output", where=where)
-    if len(op.inputs) > 1 and op.inputs[1] >= 0:
-        shape_t = sg.tensors[op.inputs[1]]
+def _reshape_target(sg: Subgraph, op: Operator, where: str) -> list[int] | None:
+    """The shape LiteRT's RESHAPE (reshape.cc, GetOutputShape) reshapes to, when
+    it is known before the model runs: its shape operand if that is a 1-D INT32
+    tensor, else the new_shape option.  None when it is computed at run time,
+    or when neither names one (the builtin kernel then makes a scalar, the
+    XNNPACK delegate uses the declared output shape)."""
+    shape_t = sg.tensors[op.inputs[1]] if len(op.inputs) == 2 and op.inputs[1] >= 0 else None
+    if shape_t is not None and len(shape_t.shape) == 1 and shape_t.type_name == "INT32":
         if not shape_t.is_constant:
-            return  # computed at run time; the kernel checks it then
-        if shape_t.dtype is None or shape_t.dtype.kind != "i" or len(shape_t.shape) > 1:
-            raise ModelError(f"RESHAPE shape operand must be a 1-D integer tensor, got "
-                             f"{shape_t.type_name} of shape {list(shape_t.shape)}", where=where)
+            return None  # computed at run time; the kernel checks it then
         if shape_t.extra.get("sparsity"):
-            new_shape = _sparse_shape(shape_t, where)
-        else:
-            new_shape = [int(d) for d in shape_t.data.reshape(-1)]
-    else:
-        new_shape = list(op.options.get("new_shape") or [])
-        if not new_shape:
-            return
-    if len(new_shape) > _MAX_RANK:
-        raise ModelError(f"RESHAPE to rank {len(new_shape)} exceeds {_MAX_RANK}", where=where)
-    if sum(d == -1 for d in new_shape) > 1 or any(d < -1 for d in new_shape):
-        raise ModelError(f"RESHAPE target shape {new_shape} is invalid", where=where)
-    n_in = math.prod(sg.tensors[op.inputs[0]].shape)
-    known = math.prod(d for d in new_shape if d != -1)
-    if -1 in new_shape:
-        ok = known > 0 and n_in % known == 0
-    else:
-        ok = known == n_in
-    if not ok:
-        raise ModelError(f"RESHAPE of {n_in} elements to {new_shape}", where=where)
+            return _sparse_shape(shape_t, where)
+        return [int(d) for d in shape_t.data.reshape(-1)]
+    new_shape = [int(d) for d in op.options.get("new_shape") or []]
+    if not new_shape:
+        return None
+    # A new_shape of [0] means a scalar in old files (reshape.cc, GetOutputShapeFromParam).
+    return [] if new_shape == [0] else new_shape
+
+
+def _reshape_resolves(in_shape, target: list[int]) -> bool:
+    # reshape_utils.h, ResolveOutputShape: at most one -1, no other negative
+    # dimension; the -1 takes the quotient of the non-zero element counts (0
+    # when the input is empty and the rest is not); the counts must agree.
+    if target.count(-1) > 1 or any(d < -1 for d in target):
+        return False
+    n_in = math.prod(in_shape)
+    n_out = math.prod(d for d in target if d != -1)
+    if -1 in target:
+        nonzero_out = math.prod(d for d in target if d not in (0, -1))
+        inferred = 0 if n_in == 0 and n_out != 0 else \
+            math.prod(d for d in in_shape if d != 0) // nonzero_out
+        if inferred > 2**31 - 1:
+            return False
+        n_out *= inferred
+    return n_out == n_in
+
+
+def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
+    # LiteRT refuses too: reshape.cc takes one or two inputs.
+    if not op.inputs or op.inputs[0] < 0 or not op.outputs or len(op.inputs) > 2:
+        raise ModelError("RESHAPE needs an input (and at most a shape operand) and an "
+                         "output", where=where)
+    target = _reshape_target(sg, op, where)
+    if target is None:
+        return
+    # coralrt: the output tensor has this many dimensions.
+    if len(target) > MAX_RANK:
+        raise ModelError(f"RESHAPE to rank {len(target)} exceeds {MAX_RANK}, the most "
+                         f"dimensions a NumPy array holds", where=where)
+    # LiteRT refuses too ("num_input_elements != num_output_elements" and the
+    # other ResolveOutputShape errors).  The XNNPACK delegate reads a 0 in the
+    # target as "keep the input's dimension" and runs some of these; TFLite's
+    # definition (a dimension of size 0) is the builtin kernel's.
+    in_shape = sg.tensors[op.inputs[0]].shape
+    if not _reshape_resolves(in_shape, target):
+        raise ModelError(f"RESHAPE of {math.prod(in_shape)} elements to {target}",
+                         where=where)
 
 
 def _fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
     if len(op.inputs) < 2 or min(op.inputs[:2]) < 0 or not op.outputs:
         raise ModelError("FULLY_CONNECTED needs an input, weights and an output", where=where)
     x, w = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[1]]
-    if len(w.shape) != 2 or w.shape[1] == 0:
+    # LiteRT refuses too: fully_connected.cc, TF_LITE_ENSURE_EQ(NumDimensions(filter), 2).
+    if len(w.shape) != 2:
         raise ModelError(f"FULLY_CONNECTED weights of shape {list(w.shape)} are not 2-D",
                          where=where)
     n_in, (units, depth) = math.prod(x.shape), w.shape
-    if n_in % depth:
-        raise ModelError(f"FULLY_CONNECTED input of {n_in} elements is not a multiple of the "
-                         f"weights' depth {depth}", where=where)
-    # The kernel sizes its output from the input batch; a declared output that
-    # disagrees means the file is inconsistent (and the kernel would write past it).
+    if depth == 0:
+        # fully_connected.cc sizes the output from the input's outer
+        # dimensions when the weights have no columns, and runs.
+        batch = math.prod(x.shape[:-1])
+    else:
+        # coralrt: XNNPACK refuses an input that is not a whole number of rows
+        # and the reference kernel drops the remainder; the simulator and the
+        # partitioner take the input as rows of the weights' depth.
+        if n_in % depth:
+            raise ModelError(f"FULLY_CONNECTED input of {n_in} elements is not a multiple of "
+                             f"the weights' depth {depth}", where=where)
+        batch = n_in // depth
+    # coralrt: LiteRT sizes the output itself (from the input batch); the
+    # simulator and the partitioner plan from the declared shape, which must agree.
     n_out = math.prod(sg.tensors[op.outputs[0]].shape)
-    if n_out != n_in // depth * units:
+    if n_out != batch * units:
         raise ModelError(f"FULLY_CONNECTED output of {n_out} elements, but {n_in} inputs and "
-                         f"{units}x{depth} weights give {n_in // depth * units}", where=where)
+                         f"{units}x{depth} weights give {batch * units}", where=where)
 
 
 def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
@@ -167,14 +211,18 @@ def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
                          "output state", where=where)
     x, state = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[18]]
     out = sg.tensors[op.outputs[0]]
+    # LiteRT refuses an input that is not 3-D and a state of the wrong size;
+    # it sizes the output itself, which coralrt (declared shapes) must agree with.
     if len(x.shape) != 3 or len(out.shape) != 3 or out.shape[:2] != x.shape[:2] \
             or not state.shape or out.shape[2] != state.shape[-1]:
         raise ModelError(f"UNIDIRECTIONAL_SEQUENCE_LSTM input {list(x.shape)}, output "
                          f"{list(out.shape)} and state {list(state.shape)} disagree", where=where)
-    # The kernel checks only the columns of the recurrent-to-forget and
-    # recurrent-to-cell weights, then reads n_cell rows of them (n_cell: the
-    # rows of the input-to-output weights): past the end of a smaller tensor,
-    # a wrong answer or a crash.
+    # Crash (fewer rows) and coralrt (more rows): unidirectional_sequence_lstm.cc
+    # checks only the columns of the recurrent-to-forget and recurrent-to-cell
+    # weights, then reads n_cell rows of them (n_cell: the rows of the
+    # input-to-output weights): past the end of a smaller tensor (garbage or
+    # SIGSEGV); of a larger one it ignores the rest, which the simulator's
+    # LSTM (one matrix of all gates) cannot do.
     cells = sg.tensors[op.inputs[4]].shape
     for k, role in ((6, "recurrent-to-forget"), (7, "recurrent-to-cell")):
         rows = sg.tensors[op.inputs[k]].shape
@@ -182,6 +230,9 @@ def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
             raise ModelError(f"UNIDIRECTIONAL_SEQUENCE_LSTM {role} weights of shape "
                              f"{list(rows)} do not have the {cells[0]} rows (cells) of the "
                              f"input-to-output weights", where=where)
+    # coralrt: the integer kernel (lstm_eval.cc) writes the output with the
+    # output state's scale and zero point and never reads the output's own, so
+    # an output declaring others would be mislabelled (a wrong answer).
     qs, qo = state.quantization, out.quantization
     if x.type_name == "INT8" and qs is not None and qo is not None and (
             qs.params != qo.params):
@@ -222,9 +273,10 @@ def _integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
 
 
 def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
-    # Kernels size their output from the input at prepare time; a declared
-    # output shape that disagrees means every later operator was planned on
-    # sizes the kernels will not produce.
+    # coralrt: LiteRT's kernels size their output from the input at prepare
+    # time (so LiteRT itself runs a file whose declared shape disagrees), but
+    # coralrt's partitioner and simulator plan every later operator from the
+    # declared sizes, which the kernels will not produce.
     if not op.inputs or op.inputs[0] < 0 or not op.outputs:
         raise ModelError(f"{op.name} needs an input and an output", where=where)
     a, b = sg.tensors[op.inputs[0]].shape, sg.tensors[op.outputs[0]].shape
@@ -233,15 +285,54 @@ def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
                          f"{list(a)}", where=where)
 
 
+# Broadcasting binary operators, and those of them (per input type) that run
+# a broadcast of any rank when the shapes differ only by leading 1s (their
+# kernels compare the shapes padded to one rank first and find no broadcast).
+_BROADCASTING = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE",
+                 "FLOOR_DIV", "FLOOR_MOD", "POW", "EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL",
+                 "GREATER", "GREATER_EQUAL", "PRELU", "LOGICAL_AND", "LOGICAL_OR",
+                 "RIGHT_SHIFT", "BITWISE_XOR")
+_PADDED_RANK_OK = {"MUL": None, "ADD": ("INT32",), "SUB": ("FLOAT32", "INT32"),
+                   "DIV": ("FLOAT32", "INT32")}   # op -> input types that still abort
+_MAX_BROADCAST_RANK = 8
+
+
+def _broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
+    # Crash: the broadcasting loops (internal/reference/broadcast_loop.h,
+    # BroadcastBinaryOpSimple, and the kernels built on it) abort with
+    # TFLITE_CHECK_LE(dims_count, kMaxRank = 8) when the inputs' shapes differ
+    # and the larger rank exceeds 8 (SIGABRT; measured for each operator and
+    # type above with the default and the reference kernels).  Equal shapes of
+    # any rank run; so do shapes equal up to leading 1s for the operators and
+    # types in _PADDED_RANK_OK.
+    if len(op.inputs) < 2 or min(op.inputs[:2]) < 0:
+        return
+    a, b = (sg.tensors[i] for i in op.inputs[:2])
+    rank = max(len(a.shape), len(b.shape))
+    if a.shape == b.shape or rank <= _MAX_BROADCAST_RANK:
+        return
+    pad = lambda s: (1,) * (rank - len(s)) + tuple(s)  # noqa: E731
+    if op.name in _PADDED_RANK_OK and pad(a.shape) == pad(b.shape):
+        aborting = _PADDED_RANK_OK[op.name]
+        if aborting is None or a.type_name not in aborting:
+            return
+    raise ModelError(f"{op.name} broadcasts inputs of shapes {list(a.shape)} and "
+                     f"{list(b.shape)} at rank {rank}; LiteRT's broadcasting kernels abort "
+                     f"above rank {_MAX_BROADCAST_RANK}", where=where)
+
+
 def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
     if len(op.inputs) != 2 or min(op.inputs) < 0 or not op.outputs:
         raise ModelError(f"{op.name} needs two inputs and an output", where=where)
+    _broadcast_rank(sg, op, where)
     a, b = (sg.tensors[i].shape for i in op.inputs)
+    # LiteRT refuses too ("Given shapes ... are not broadcastable").
     try:
         want = tuple(int(d) for d in np.broadcast_shapes(a, b))
     except ValueError:
         raise ModelError(f"{op.name} input shapes {list(a)} and {list(b)} do not broadcast",
                          where=where) from None
+    # coralrt: as for _same_shape, the declared output must be what the kernel makes.
     out = sg.tensors[op.outputs[0]].shape
     if out != want:
         raise ModelError(f"{op.name} output shape {list(out)} is not the broadcast shape "
@@ -249,9 +340,10 @@ def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
 
 
 def _concatenation(sg: Subgraph, op: Operator, where: str) -> None:
-    # Like _same_shape: the kernel sizes its output from the inputs, so a
-    # declared output of another size misplans every later operator (the
-    # simulated Edge TPU then runs a segment built on the declared sizes).
+    # coralrt, like _same_shape: the kernel sizes its output from the inputs,
+    # so a declared output of another size misplans every later operator (the
+    # simulated Edge TPU ran a segment built on the declared sizes and never
+    # answered; found by fuzzing).
     if not op.inputs or min(op.inputs) < 0 or not op.outputs:
         return  # check_omitted_inputs has rejected these
     shapes = [sg.tensors[i].shape for i in op.inputs]
@@ -279,6 +371,7 @@ _BROADCAST = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERE
 _CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected,
            "CONCATENATION": _concatenation, "LSTM": _integer_lstm,
            "UNIDIRECTIONAL_SEQUENCE_LSTM": _sequence_lstm,
+           **dict.fromkeys(_BROADCASTING, _broadcast_rank),
            **dict.fromkeys(_SAME_SHAPE, _same_shape), **dict.fromkeys(_BROADCAST, _broadcast)}
 
 

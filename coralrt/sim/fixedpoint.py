@@ -21,7 +21,7 @@ import numpy as np
 __all__ = [
     "INT32_MIN", "INT32_MAX", "quantize_multiplier", "quantize_multipliers",
     "srdhm", "rounding_divide_by_pot", "multiply_by_quantized_multiplier",
-    "multiply_by_quantized_multiplier_smaller_than_one_exp",
+    "multiply_by_quantized_multiplier_smaller_than_one_exp", "c_int32", "quantize_bound",
 ]
 
 INT32_MIN = -(2**31)
@@ -75,14 +75,45 @@ def rounding_divide_by_pot(x, exponent) -> np.ndarray:
 
 
 def multiply_by_quantized_multiplier(x, multiplier, shift) -> np.ndarray:
-    """TFLite's MultiplyByQuantizedMultiplier: x * multiplier * 2^(shift-31), rounded."""
+    """TFLite's MultiplyByQuantizedMultiplier: x * multiplier * 2^(shift-31), rounded.
+
+    A multiplier of 2^31 or more (a real multiplier above about 2^31, e.g. a
+    MUL whose output scale is 1e-35) leaves a left shift of 32 or more.  The
+    kernel computes ``x * (1 << left_shift)`` on a 32-bit int; C++ leaves
+    shifts past 31 undefined, and the compiled reference kernels shift with
+    the count taken modulo 32 (the x86 SHL instruction).  Measured with
+    LiteRT's reference MUL for shifts 32-127, and reproduced here.
+    """
     shift = np.asarray(shift, np.int64)
-    left = np.maximum(shift, 0)
+    left = np.maximum(shift, 0) & 31
     right = np.maximum(-shift, 0)
     x = np.asarray(x, np.int64) * (np.int64(1) << left)
     # The left-shifted value is an int32 in C++; wrap like it would.
     x = ((x - INT32_MIN) % (1 << 32)) + INT32_MIN
     return rounding_divide_by_pot(srdhm(x, multiplier), right)
+
+
+def c_int32(x) -> np.ndarray:
+    """``static_cast<int32_t>`` of a float or double, as LiteRT's x86-64 build
+    computes it: truncation toward zero, and INT32_MIN (the "integer
+    indefinite" result of CVTTSS2SI/CVTTSD2SI) for NaN and for values outside
+    the int32 range.  Kernels reach such values with extreme scales (a
+    requantization factor of 1e30, a clamp bound of 6 / 1e-38)."""
+    x = np.asarray(x, np.float64)
+    inside = (x > -2.0**31 - 1) & (x < 2.0**31)
+    with np.errstate(invalid="ignore"):
+        return np.where(inside, np.trunc(np.where(inside, x, 0.0)), INT32_MIN).astype(np.int64)
+
+
+def quantize_bound(value: float, scale: float, zero_point: int) -> int:
+    """``zero_point + static_cast<int32_t>(round(value / scale))`` with the
+    division in float (inf past FLT_MAX), as TFLite quantizes an activation
+    bound (CalculateActivationRangeQuantized, the RELU kernels); the int32 sum
+    wraps like the C++ one."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        v = float(np.float32(value) / np.float32(scale))
+    rounded = math.copysign(math.floor(abs(v) + 0.5), v) if math.isfinite(v) else v
+    return int(wrap_int32(int(zero_point) + c_int32(rounded)))
 
 
 def multiply_by_quantized_multiplier_smaller_than_one_exp(x, multiplier, shift) -> np.ndarray:

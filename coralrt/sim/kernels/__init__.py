@@ -30,12 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coralrt.errors import ModelError
 from coralrt.formats.segment import SegmentOp, SegmentTensor
 from coralrt.model.types import numpy_dtype
 
 __all__ = ["OpContext", "Run", "KERNELS", "register", "kernel_for"]
 
 Run = Callable[[list], list]
+
+_QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int16))
 
 KERNELS: dict[str, Callable[["OpContext"], Run]] = {}
 
@@ -69,6 +72,30 @@ class OpContext:
     inputs: list[SegmentTensor | None]     # None for omitted optional inputs
     outputs: list[SegmentTensor]
     intermediates: list[SegmentTensor]
+
+    def __post_init__(self) -> None:
+        # The kernels reproduce LiteRT's reference arithmetic for quantization
+        # within TFLite's spec: zero points in the type's range, scales that are
+        # 0 or normal float32 numbers.  Validation accepts more (LiteRT runs it),
+        # but there LiteRT's int32 and int16 intermediates overflow (an ADD with
+        # zero point 70000, HARD_SWISH with -300) or its float conversions hit
+        # infinities (a subnormal output scale), so the simulated Edge TPU
+        # declines the operator instead of answering differently.
+        for t in (*self.inputs, *self.outputs):
+            dt = None if t is None else numpy_dtype(t.dtype)
+            if dt not in _QUANTIZED or not len(t.scales):
+                continue
+            info = np.iinfo(dt)
+            zps = np.asarray(t.zero_points, np.int64)
+            scales = np.abs(np.asarray(t.scales, np.float32))
+            if zps.size and (zps.min() < info.min or zps.max() > info.max):
+                raise ModelError(f"tensor {t.name!r} has zero point {zps[:4].tolist()} outside "
+                                 f"the {dt} range; the simulated Edge TPU follows TFLite's "
+                                 f"quantization spec", where=f"{self.op.name} operator")
+            if np.any((scales > 0) & (scales < np.finfo(np.float32).tiny)):
+                raise ModelError(f"tensor {t.name!r} has a subnormal scale "
+                                 f"{scales[:4].tolist()}; the simulated Edge TPU follows "
+                                 f"TFLite's quantization spec", where=f"{self.op.name} operator")
 
     @property
     def params(self) -> dict:

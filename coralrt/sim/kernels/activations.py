@@ -37,11 +37,11 @@ import numpy as np
 from coralrt.errors import InferenceError
 from coralrt.sim.fixedpoint import (
     INT32_MAX, exp_on_negative_values, get_reciprocal, inv_sqrt_quantized_multiplier_exp,
-    multiply_by_quantized_multiplier, quantize_multiplier, rounding_divide_by_pot, srdhm,
-    wrap_int32,
+    c_int32, multiply_by_quantized_multiplier, quantize_bound, quantize_multiplier,
+    rounding_divide_by_pot, srdhm, wrap_int32,
 )
 from coralrt.sim.kernels import OpContext, register
-from coralrt.sim.kernels.elementwise import codes, refuse, round_half_away
+from coralrt.sim.kernels.elementwise import codes, refuse
 
 __all__: list[str] = []
 
@@ -89,11 +89,13 @@ def relu(ctx: OpContext):
     m, sh = quantize_multiplier(float(si / so))
     info = np.iinfo(dtype)
     lo_f, hi_f = _RELU_BOUNDS[ctx.op.name]
-    lo = max(int(info.min), zo + int(round_half_away(float(np.float32(lo_f) / so))))
-    hi = int(info.max) if hi_f == math.inf else min(
-        int(info.max), zo + int(round_half_away(float(np.float32(hi_f) / so))))
+    lo = max(int(info.min), quantize_bound(lo_f, so, zo))
+    hi = int(info.max) if hi_f == math.inf else min(int(info.max), quantize_bound(hi_f, so, zo))
     v = zo + multiply_by_quantized_multiplier(codes(dtype) - zi, m, sh)
-    return _lut_run(_lut(np.minimum(np.maximum(v, lo), hi), dtype), tuple(out.shape))
+    # ReluX clamps to [lo, hi] and then casts to the 8-bit type, which keeps the
+    # low bits: with an extreme output scale a bound can fall outside the type.
+    clamped = np.minimum(np.maximum(v, lo), hi)
+    return _lut_run(np.ascontiguousarray(clamped.astype(dtype)), tuple(out.shape))
 
 
 # -- LOGISTIC, TANH: float lookup tables ----------------------------------------------------
@@ -123,12 +125,19 @@ def _float_lut(ctx: OpContext, transform) -> np.ndarray:
     dtype = ctx.dtype(x)
     deq = np.float32(ctx.scale(x)) * (codes(dtype) - ctx.zero_point(x)).astype(np.float32)
     y = transform(deq)
-    scaled = (y * (np.float32(1.0) / np.float32(ctx.scale(out)))).astype(np.float64)
-    rounded = np.copysign(np.floor(np.abs(scaled) + 0.5), scaled).astype(np.float32)
-    shifted = (rounded + np.float32(ctx.zero_point(out))).astype(np.float64)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scaled = (y * (np.float32(1.0) / np.float32(ctx.scale(out)))).astype(np.float64)
+        rounded = np.copysign(np.floor(np.abs(scaled) + 0.5), scaled).astype(np.float32)
+        shifted = (rounded + np.float32(ctx.zero_point(out))).astype(np.float64)
+    if dtype == np.dtype(np.uint8):
+        # static_cast<int32_t> (INT32_MIN for NaN and out-of-range values, which
+        # an extreme output scale produces), then std::max(std::min(max, q), min).
+        return _lut(c_int32(shifted), dtype)
+    # The INT8 tables saturate instead (measured: +inf-like values give 127).
     info = np.iinfo(dtype)
-    quantized = np.trunc(np.clip(shifted, info.min - 1, info.max + 1)).astype(np.int64)
-    return _lut(quantized, dtype)
+    with np.errstate(invalid="ignore"):
+        return _lut(np.trunc(np.clip(shifted, info.min - 1, info.max + 1)).astype(np.int64),
+                    dtype)
 
 
 def _logistic(v: np.ndarray) -> np.ndarray:

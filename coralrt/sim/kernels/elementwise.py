@@ -32,7 +32,7 @@ import numpy as np
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import (
     multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_smaller_than_one_exp,
-    quantize_multiplier,
+    quantize_bound, quantize_multiplier,
 )
 from coralrt.sim.kernels import OpContext, register
 
@@ -60,10 +60,9 @@ def activation_range(ctx: OpContext, activation: int, scale: float, zero_point: 
         refuse(ctx, f"fused activation function {activation} is not supported")
     info = np.iinfo(dtype)
     lo_f, hi_f = _ACTIVATIONS[activation]
-    s = np.float32(scale)
 
     def quantize(f: float) -> int:              # zero_point + round(f / scale), in float
-        return zero_point + int(round_half_away(float(np.float32(f) / s)))
+        return quantize_bound(f, scale, zero_point)
 
     lo = int(info.min) if lo_f is None else max(int(info.min), quantize(lo_f))
     hi = int(info.max) if hi_f is None else min(int(info.max), quantize(hi_f))
@@ -106,10 +105,15 @@ def _clamp(x, lo: int, hi: int) -> np.ndarray:
 
 
 def _below_one(ctx: OpContext, real: float, what: str) -> tuple[int, int]:
-    """QuantizeMultiplierSmallerThanOneExp (TFLite aborts on a multiplier >= 1)."""
+    """QuantizeMultiplierSmallerThanOneExp.  LiteRT aborts on a multiplier of 1
+    or more, except SUB's output multiplier above 1: LiteRT's (double-rounding)
+    reference SUB then divides by a negative power of two, which is undefined
+    and gives results that depend on each element's position in the tensor;
+    the simulator does not imitate that."""
     if not 0.0 <= real < 1.0:
-        refuse(ctx, f"the {what} rescaling factor {real:g} must be below 1 (TFLite rejects "
-                    f"it too); the output scale is too small for the input scales")
+        refuse(ctx, f"the {what} rescaling factor {real:g} must be below 1 (LiteRT aborts "
+                    f"on it, or for SUB computes undefined results); the output scale is too "
+                    f"small for the input scales")
     return quantize_multiplier(real)
 
 

@@ -4,8 +4,6 @@ conv.py for the arithmetic they reproduce)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 try:                                   # the clip ufunc, without np.clip's Python checks
@@ -30,20 +28,15 @@ _BAND_ELEMENTS = 1 << 15
 # -- shared helpers --------------------------------------------------------------------------
 
 
-def _round_half_away(x: float) -> int:
-    return int(math.copysign(math.floor(abs(x) + 0.5), x))
-
-
 def activation_range(activation: int, scale: float, zero_point: int,
                      dtype: np.dtype) -> tuple[int, int]:
     """TFLite's CalculateActivationRangeQuantized for an output tensor."""
     info = np.iinfo(dtype)
     qmin, qmax = int(info.min), int(info.max)
-    scale = np.float32(scale)
 
     def quantize(f: float) -> int:
         # TFLite divides in float and rounds half away from zero.
-        return zero_point + _round_half_away(float(np.float32(f) / scale))
+        return fixedpoint.quantize_bound(f, scale, zero_point)
 
     if activation == _RELU:
         return max(qmin, quantize(0.0)), qmax
@@ -214,6 +207,12 @@ class DoubleRequantizer:
         tie = np.abs(x - t) == 0.5
         if tie.any():
             r[tie] = t[tie] + np.sign(x[tie])
+        if not np.all(np.abs(r) < 2.0**31):
+            # static_cast<int32_t>(round(x)) of a value past int32 (an extreme
+            # scale ratio) is INT32_MIN; adding the zero point wraps.
+            v = fixedpoint.wrap_int32(fixedpoint.c_int32(r) + self.zp)
+            np.clip(v, self.lo + self.zp, self.hi + self.zp, out=v)
+            return v.astype(self.dtype)
         _clip(r, self.lo, self.hi, out=r)
         out = np.empty(r.shape, self.dtype)
         np.add(r, self.zp, out=out, casting="unsafe")

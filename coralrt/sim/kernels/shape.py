@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import ModelError
+from coralrt.sim.fixedpoint import c_int32, wrap_int32
 from coralrt.sim.kernels import OpContext, register
 
 __all__: list[str] = []
@@ -96,14 +97,15 @@ def concatenation(ctx: OpContext):
     # TFLite's uint8 requantization round(q * scale + bias) + output zero point.
     plans = []
     if dtype == np.dtype(np.uint8):
-        inverse = np.float32(1.0) / np.float32(ctx.scale(out))
-        for t in ins:
-            if _same_quant(ctx, t, out):
-                plans.append(None)
-            else:
-                scale = np.float32(np.float32(ctx.scale(t)) * inverse)
-                bias = np.float32(np.float32(-ctx.zero_point(t)) * scale)
-                plans.append((scale, bias))
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            inverse = np.float32(1.0) / np.float32(ctx.scale(out))
+            for t in ins:
+                if _same_quant(ctx, t, out):
+                    plans.append(None)
+                else:
+                    scale = np.float32(np.float32(ctx.scale(t)) * inverse)
+                    bias = np.float32(np.float32(-ctx.zero_point(t)) * scale)
+                    plans.append((scale, bias))
     else:
         plans = [None] * len(ins)
     out_zp = ctx.zero_point(out)
@@ -113,9 +115,15 @@ def concatenation(ctx: OpContext):
         if plan is None:
             return x
         scale, bias = plan
-        v = (x.astype(np.float32) * scale + bias).astype(np.float64)
-        r = np.trunc(v + np.where(v >= 0, 0.5, -0.5))   # round half away from zero
-        return np.clip(r + out_zp, 0, 255).astype(np.uint8)
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = (x.astype(np.float32) * scale + bias).astype(np.float64)
+            r = np.trunc(v + np.where(v >= 0, 0.5, -0.5))   # round half away from zero
+        if np.all(np.abs(r) < 2.0**30):
+            return np.clip(r + out_zp, 0, 255).astype(np.uint8)
+        # static_cast<int32_t> (INT32_MIN past the int32 range, for extreme
+        # scale ratios), plus the output zero point with int32 wrap-around.
+        q = wrap_int32(c_int32(r) + out_zp)
+        return np.clip(q, 0, 255).astype(np.uint8)
 
     def run(inputs):
         parts = [convert(np.asarray(x), p) for x, p in zip(inputs, plans)]
