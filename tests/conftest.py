@@ -88,10 +88,17 @@ def extra_model_paths(*, compiled: bool | None = None) -> list:
 
 
 def run_litert(model_bytes: bytes, inputs: list, kernels: str = "optimized") -> list:
-    """Run ``model_bytes`` directly in the LiteRT interpreter (the yardstick)."""
+    """Run ``model_bytes`` directly in the LiteRT interpreter (the yardstick).
+
+    ``kernels``: "optimized" (the default kernels, XNNPACK delegate included),
+    "reference" (``BUILTIN_REF``) or "builtin" (the builtin kernels without
+    the default delegates).
+    """
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    resolver = OpResolverType.BUILTIN_REF if kernels == "reference" else OpResolverType.AUTO
+    resolver = {"reference": OpResolverType.BUILTIN_REF,
+                "builtin": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}.get(
+                    kernels, OpResolverType.AUTO)
     interp = Interpreter(model_content=model_bytes, experimental_op_resolver_type=resolver)
     interp.allocate_tensors()
     for detail, value in zip(interp.get_input_details(), inputs):

@@ -284,3 +284,30 @@ def test_translate_stages():
 def test_importing_coralrt_backends_does_not_import_litert():
     code = "import sys, coralrt.backends; assert 'ai_edge_litert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_only_the_xnnpack_delegate_refuses_runs_without_it(caplog):
+    # A uint8 RESIZE_BILINEAR whose output is quantized differently from its
+    # input (as in an older DeepLab file of Coral's test data): the XNNPACK
+    # delegate of LiteRT's default kernels refuses to prepare it, TFLite's
+    # builtin kernels run it.
+    import logging
+
+    from coralrt import InferenceSession
+    from coralrt.model.builder import ModelBuilder
+    from tests.conftest import run_litert
+
+    b = ModelBuilder()
+    x = b.input("x", (1, 1, 1, 8), np.uint8, scale=0.0123, zero_point=0)
+    y = b.tensor("y", (1, 5, 5, 8), np.uint8, scale=0.029, zero_point=0)
+    b.op("RESIZE_BILINEAR", [x, b.constant("size", np.array([5, 5], np.int32))], [y],
+         align_corners=True)
+    b.output(y)
+    data = b.build().to_bytes()
+    feeds = [np.arange(8, dtype=np.uint8).reshape(1, 1, 1, 8) * 30]
+    with pytest.raises(RuntimeError, match="TfLiteXNNPackDelegate"):
+        run_litert(data, feeds)                      # LiteRT's defaults refuse it
+    with caplog.at_level(logging.INFO, logger="coralrt.backends"):
+        got = InferenceSession(data, target="cpu").run(feeds)["y"]
+    np.testing.assert_array_equal(got, run_litert(data, feeds, kernels="builtin")[0])
+    assert any("without it" in r.getMessage() for r in caplog.records)

@@ -42,6 +42,15 @@ log = logging.getLogger("coralrt.backends")
 _UNRESOLVED_CUSTOM = re.compile(r"Encountered unresolved custom op: (.+?)\.(?:\s|$)")
 _MISSING_BUILTIN = re.compile(r"Didn't find op for builtin opcode '([^']+)' version '(\d+)'")
 _NODE = re.compile(r"Node number (\d+) \(")
+_DELEGATE_REFUSED = re.compile(r"\(TfLiteXNNPackDelegate\) failed to prepare")
+
+
+class _NativeFailure(Exception):
+    """An exception of the native interpreter and the stage that raised it."""
+
+    def __init__(self, error: BaseException, stage: str):
+        super().__init__(str(error))
+        self.error, self.stage = error, stage
 
 
 def _native_text(exc: BaseException) -> str:
@@ -197,10 +206,25 @@ class _InterpreterBackend(CpuBackend):
             "optimized": mod.OpResolverType.AUTO,
             "reference": mod.OpResolverType.BUILTIN_REF,
         }
+        self._without_delegates = mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         self.version = str(getattr(importlib.import_module(top), "__version__", "unknown"))
 
     def _check_usable(self) -> None:
         pass
+
+    def _prepared(self, model_bytes: bytes, num_threads, resolver):
+        """A native interpreter with its tensors allocated, or _NativeFailure."""
+        with native_info_to_log():
+            try:
+                interp = self._Interpreter(model_content=model_bytes, num_threads=num_threads,
+                                           experimental_op_resolver_type=resolver)
+            except (ValueError, RuntimeError) as e:
+                raise _NativeFailure(e, "load") from e
+            try:
+                interp.allocate_tensors()
+            except (ValueError, RuntimeError) as e:
+                raise _NativeFailure(e, "allocate") from e
+        return interp
 
     def _not_installed(self) -> str:
         return (f"CPU backend {self.name!r} is not installed; "
@@ -223,19 +247,20 @@ class _InterpreterBackend(CpuBackend):
             model_bytes = bytes(model_bytes)
         if not model_bytes:
             raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
-        with native_info_to_log():
+        try:
+            interp = self._prepared(model_bytes, num_threads, resolver)
+        except _NativeFailure as failure:
+            # The default kernels apply the XNNPACK delegate, which refuses some
+            # operators that TFLite's builtin kernels run (the RESIZE_BILINEAR of
+            # older DeepLab files): run without the delegate rather than refuse.
+            if kernels != "optimized" or not _DELEGATE_REFUSED.search(str(failure.error)):
+                raise _translate(failure.error, failure.stage) from failure.error
+            log.info("%s: the XNNPACK delegate cannot prepare this model (%s); using the "
+                     "builtin kernels without it", self.name, _native_text(failure.error))
             try:
-                interp = self._Interpreter(
-                    model_content=model_bytes,
-                    num_threads=num_threads,
-                    experimental_op_resolver_type=resolver,
-                )
-            except (ValueError, RuntimeError) as e:
-                raise _translate(e, "load") from e
-            try:
-                interp.allocate_tensors()
-            except (ValueError, RuntimeError) as e:
-                raise _translate(e, "allocate") from e
+                interp = self._prepared(model_bytes, num_threads, self._without_delegates)
+            except _NativeFailure as again:
+                raise _translate(again.error, again.stage) from again.error
         program = LiteRTProgram(interp, f"cpu: whole model ({self.name})")
         log.debug(
             "%s %s loaded %d-byte model: kernels=%s num_threads=%s, %d inputs, %d outputs",
