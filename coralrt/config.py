@@ -40,6 +40,11 @@ variable                                meaning
                                         must be a directory (not a symbolic link) the
                                         user owns and only the user can write to
                                         (:func:`coralrt.usb.lock.lock_dir` checks)
+``CORALRT_TARGET``                      target of the tflite_runtime-compatible
+                                        interpreter (:mod:`coralrt.tflite`) when it is
+                                        given the Edge TPU delegate: ``cpu``, ``sim``,
+                                        ``coral`` or ``auto`` (any case); default
+                                        ``auto``; anything else is an error
 ======================================  ==================================================
 
 An empty value (``CORALRT_CACHE_DIR= coralrt ...``) counts as unset.
@@ -80,6 +85,7 @@ __all__ = [
     "EDGETPU_COMPILER_TIMEOUT", "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler",
     "edgetpu_compiler_timeout",
     "RUNTIME_DIR", "runtime_dir", "temp_runtime_dir", "firmware_dir",
+    "TARGET", "COMPAT_TARGETS", "compat_target",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
@@ -90,6 +96,10 @@ PLUGINS_STRICT = "CORALRT_PLUGINS_STRICT"
 EDGETPU_COMPILER = "CORALRT_EDGETPU_COMPILER"
 EDGETPU_COMPILER_TIMEOUT = "CORALRT_EDGETPU_COMPILER_TIMEOUT"
 RUNTIME_DIR = "CORALRT_RUNTIME_DIR"
+TARGET = "CORALRT_TARGET"
+
+#: What ``CORALRT_TARGET`` accepts (the session's targets).
+COMPAT_TARGETS = ("cpu", "sim", "coral", "auto")
 
 DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
 
@@ -199,6 +209,19 @@ def edgetpu_compiler_timeout() -> float:
         raise ConfigError(f"{EDGETPU_COMPILER_TIMEOUT}={value!r} is not a positive number of "
                           f"seconds (for example 180)")
     return seconds
+
+
+def compat_target() -> str:
+    """Target of a :mod:`coralrt.tflite` interpreter given the Edge TPU delegate
+    (``CORALRT_TARGET``, default ``"auto"``), lower-cased."""
+    value = _get(TARGET)
+    if value is None:
+        return "auto"
+    word = value.lower()
+    if word not in COMPAT_TARGETS:
+        raise ConfigError(f"{TARGET}={value!r} is not a target; use one of "
+                          f"{', '.join(COMPAT_TARGETS)} (or leave it unset for auto)")
+    return word
 
 
 def runtime_dir() -> Path:

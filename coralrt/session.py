@@ -7,6 +7,7 @@ only checks the feed against precomputed expectations and calls the program.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -16,15 +17,21 @@ import numpy as np
 from coralrt.backends import get_backend
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
+from coralrt.model import Model, load_model
+from coralrt.model.compiled import compiled_by, plain_sibling
+from coralrt.model.entry import with_entry
+from coralrt.model.types import SignatureDef
 from coralrt.plugins.host import plugin_host
 from coralrt.runtime.program import completed
-from coralrt.tensors import TensorInfo, tensor_infos
+from coralrt.tensors import TensorInfo, check_input, tensor_infos
 
 __all__ = ["InferenceSession", "TARGETS"]
 
 log = logging.getLogger("coralrt.session")
 
 TARGETS = ("cpu", "sim", "coral", "auto")
+
+_NO_FEED = object()   # run(x): coralrt's form; run(names, feed): onnxruntime's
 
 
 class InferenceSession:
@@ -75,6 +82,16 @@ class InferenceSession:
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         self._backend = get_backend(backend)
+        self._source = model
+        # What a signature's own session (another subgraph) is created with.
+        self._settings = dict(num_threads=num_threads, backend=backend,
+                              cpu_kernels=cpu_kernels, partition_mode=partition_mode,
+                              cache=cache, plugins=plugins,
+                              override_builtins=override_builtins,
+                              pipeline_depth=pipeline_depth)
+        self._pipelined = isinstance(device, (list, tuple))
+        self._described: Model | None = None
+        self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
         self._override = override_builtins
         options = targets.Options(
@@ -136,12 +153,24 @@ class InferenceSession:
 
     # -- running ----------------------------------------------------------------
 
-    def run(self, inputs, *, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Run once and return ``{output name: array}``.
+    def run(self, inputs, feed=_NO_FEED, run_options=None, *,
+            outputs: Sequence[str] | None = None, signature: str | None = None):
+        """Run once.  Two forms, told apart by the number of positional arguments:
 
-        ``inputs`` is a dict by input name, a list in input order, or one
-        array for a one-input model.  ``outputs`` restricts the result to
-        these output names, in that order.
+        * ``run(inputs, outputs=None)`` (coralrt's): returns ``{output name:
+          array}``.  ``inputs`` is a dict by input name, a list in input order,
+          or one array for a one-input model.  ``outputs`` restricts the result
+          to these output names, in that order.
+        * ``run(output_names, feed)`` (onnxruntime's, whenever a second
+          positional argument is given): ``output_names`` is ``None`` (every
+          output) or a list of output names, ``feed`` what ``inputs`` is
+          above; returns a **list** of arrays in that order, as onnxruntime
+          does.  ``run_options`` is accepted for onnxruntime's signature and
+          must be ``None``; ``outputs=`` cannot be combined with this form.
+
+        ``signature="key"`` runs that signature of the model (see
+        :meth:`get_signatures`): inputs and output names are then the
+        signature's names, not the tensors'.
 
         Each array must have the input's dtype and shape (a dynamic dimension,
         -1 in the signature, takes any size); nothing is cast silently.  One
@@ -154,6 +183,29 @@ class InferenceSession:
         ``None`` (alone or inside a list) raise
         :class:`~coralrt.errors.InputError` naming the input.
         """
+        if feed is _NO_FEED:
+            if inputs is None:
+                raise InputError("inputs must be a dict by name, a list in input order or a "
+                                 "numpy array, got None (onnxruntime's form takes the feed "
+                                 "second: run(None, feed))")
+            return self._run(inputs, outputs, signature)
+        if outputs is not None:
+            raise InputError("run(output_names, feed) (onnxruntime's form) names the outputs "
+                             "in its first argument; do not also pass outputs=")
+        if run_options is not None:
+            raise InputError("run_options (onnxruntime's RunOptions) is not supported; "
+                             "pass None")
+        if inputs is not None and (isinstance(inputs, (str, bytes))
+                                   or not isinstance(inputs, Sequence)
+                                   or not all(isinstance(n, str) for n in inputs)):
+            raise InputError(f"run(output_names, feed): output_names must be None or a list "
+                             f"of output names, got {type(inputs).__name__}")
+        result = self._run(feed, None if inputs is None else list(inputs), signature)
+        return list(result.values())
+
+    def _run(self, inputs, outputs, signature) -> dict[str, np.ndarray]:
+        if signature is not None:
+            return self._run_signature(signature, inputs, outputs)
         arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
         program = self._program
         with program.lock:
@@ -165,16 +217,83 @@ class InferenceSession:
             results = program.run(arrays)
         if outputs is None:
             return dict(zip(self._output_names, results))
-        if isinstance(outputs, str):
-            outputs = [outputs]
-        picked = {}
-        for name in outputs:
-            pos = self._output_pos.get(name)
-            if pos is None:
-                raise InputError(f"unknown output {name!r}; the model's outputs are "
-                                 f"{self._output_names}")
-            picked[name] = results[pos]
-        return picked
+        return _pick(dict(zip(self._output_names, results)), outputs, self._output_names)
+
+    # -- signatures -------------------------------------------------------------
+
+    @property
+    def source_model(self) -> Model:
+        """The model as given (its plain model when a compiled one was replaced
+        by it), before any compilation: the tensor indices of its signatures
+        and of :mod:`coralrt.tflite` are this model's.  On ``cpu`` and for a
+        model compiled by edgetpu_compiler on ``coral`` it is :attr:`model`."""
+        if self._described is None:
+            model = self.model
+            if self.compile_info is not None:     # a JIT result: describe the source
+                model = self._source if isinstance(self._source, Model) \
+                    else load_model(self._source)
+                if compiled_by(model) == "edgetpu_compiler":
+                    model = load_model(plain_sibling(self._source))
+            self._described = model
+        return self._described
+
+    def get_signatures(self) -> dict[str, dict[str, list[str]]]:
+        """The model's signatures: ``{key: {"inputs": [names], "outputs": [names]}}``
+        in file order (LiteRT's ``get_signature_list()``); ``{}`` when it has none."""
+        return {s.key: {"inputs": list(s.inputs), "outputs": list(s.outputs)}
+                for s in self.source_model.signatures}
+
+    def signature_session(self, key: str) -> tuple[InferenceSession, SignatureDef]:
+        """The session that runs signature ``key`` and the signature with tensor
+        indices in that session's main subgraph.  A signature of subgraph 0 is
+        this session; another subgraph gets its own session, created on first
+        use with this session's target, settings and stick(s)."""
+        sigs = {s.key: s for s in self.source_model.signatures}
+        sig = sigs.get(key)
+        if sig is None:
+            have = f"its signatures are {list(sigs)}" if sigs else "it has no signatures"
+            raise InputError(f"unknown signature {key!r}; {have}")
+        if sig.subgraph_index == 0:
+            return self, sig
+        session = self._signature_sessions.get(key)
+        if session is None:
+            device = (self.devices if self._pipelined else self.device) if self.devices \
+                else None
+            session = InferenceSession(with_entry(self.source_model, sig.subgraph_index),
+                                       target=self.target, device=device, **self._settings)
+            self._signature_sessions[key] = session
+        return session, dataclasses.replace(sig, subgraph_index=0)
+
+    def _run_signature(self, key: str, inputs, outputs) -> dict[str, np.ndarray]:
+        session, sig = self.signature_session(key)
+        main = session.source_model.main
+        in_pos = {t: p for p, t in enumerate(main.inputs)}
+        out_pos = {t: p for p, t in enumerate(main.outputs)}
+        bad = [n for n, t in sig.inputs.items() if t not in in_pos] + \
+            [n for n, t in sig.outputs.items() if t not in out_pos]
+        if bad:
+            raise InputError(f"signature {key!r}: {bad} are not inputs or outputs of its "
+                             f"subgraph; coralrt runs a signature through them only")
+        names = list(sig.inputs)
+        if isinstance(inputs, Mapping):
+            unknown = [k for k in inputs if k not in sig.inputs]
+            missing = [k for k in names if k not in inputs]
+            if unknown or missing:
+                raise InputError(f"inputs do not match signature {key!r}: missing {missing}, "
+                                 f"unknown {unknown}; its inputs are {names}")
+            values = [inputs[k] for k in names]
+        elif isinstance(inputs, np.ndarray) and len(names) == 1:
+            values = [inputs]
+        elif isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) \
+                and len(inputs) == len(names):
+            values = list(inputs)
+        else:
+            raise InputError(f"signature {key!r} takes {names}: pass a dict by those names "
+                             f"or a list in that order")
+        feed = {session._input_names[in_pos[sig.inputs[n]]]: v for n, v in zip(names, values)}
+        result = list(session._run(feed, None, None).values())
+        got = {n: result[out_pos[t]] for n, t in sig.outputs.items()}
+        return got if outputs is None else _pick(got, outputs, list(sig.outputs))
 
     def submit(self, inputs):
         """Like :meth:`run`, without waiting: a ``concurrent.futures.Future`` of
@@ -217,6 +336,8 @@ class InferenceSession:
 
     def close(self) -> None:
         """Stop a pipeline and close the sticks this session opened (idempotent)."""
+        for session in self._signature_sessions.values():
+            session.close()
         self._program.close()
         for device in self._owned:
             device.close()
@@ -257,55 +378,22 @@ class InferenceSession:
                          f"array, got {type(inputs).__name__}")
 
     def _check(self, info: TensorInfo, value) -> np.ndarray:
-        if not isinstance(value, np.ndarray):
-            value = _coerce(info, value)
-        if value.dtype != info.dtype:
-            if not value.dtype.isnative and value.dtype.newbyteorder("=") == info.dtype:
-                # Same type, other byte order (a big-endian file): byte-swap
-                # into a copy.  Off the common path, which stays one comparison.
-                value = value.astype(info.dtype)
-            else:
-                hint = ""
-                if info.is_quantized and value.dtype.kind == "f":
-                    hint = (f"; this input is quantized (scale {info.quantization[0]:g}, zero "
-                            f"point {info.quantization[1]}): convert with "
-                            f"session.get_inputs()[i].quantize(x)")
-                raise InputError(f"input {info.name!r} expects dtype {info.dtype.name}, got "
-                                 f"{value.dtype.name}{hint}")
-        if value.shape != info.shape:
-            sig = info.shape_signature
-            if not (len(value.shape) == len(sig)
-                    and all(g == -1 or d == g for d, g in zip(value.shape, sig))):
-                raise InputError(f"input {info.name!r} expects shape {list(info.shape)}"
-                                 f"{'' if sig == info.shape else f' (signature {list(sig)})'}"
-                                 f", got {list(value.shape)}")
-        return value
+        return check_input(info, value)
 
     def __repr__(self) -> str:
         return (f"<InferenceSession target={self.target!r} backend={self.backend!r} "
                 f"inputs={self._input_names} outputs={self._output_names}>")
 
 
-def _coerce(info: TensorInfo, value) -> np.ndarray:
-    # Python scalars and lists carry no dtype of their own: take the input's,
-    # but only when no value changes on the way.
-    if value is None:
-        raise InputError(f"input {info.name!r} is None; pass a {info.dtype.name} array of "
-                         f"shape {list(info.shape)}")
-    try:
-        arr = np.asarray(value)
-        # astype would turn a None inside a list into NaN for a float input.
-        holds_none = arr.dtype.kind == "O" and any(v is None for v in arr.flat)
-        cast = None if holds_none else arr.astype(info.dtype)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
-                         f"{type(value).__name__} ({e})") from None
-    if holds_none:
-        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
-                         f"{type(value).__name__} holding None")
-    if arr.dtype.kind in "iufb" and not np.array_equal(cast, arr):
-        raise InputError(f"input {info.name!r}: values do not fit dtype {info.dtype.name}")
-    return cast
+def _pick(results: dict, names, known: list[str]) -> dict[str, np.ndarray]:
+    if isinstance(names, str):
+        names = [names]
+    picked = {}
+    for name in names:
+        if name not in results:
+            raise InputError(f"unknown output {name!r}; the outputs are {known}")
+        picked[name] = results[name]
+    return picked
 
 
 def _unique(names: list[str]) -> list[str]:

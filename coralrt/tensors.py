@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coralrt.errors import InputError
 from coralrt.model.shapes import inferred_shapes
 from coralrt.model.types import Subgraph, Tensor
 
-__all__ = ["TensorInfo", "tensor_infos", "quantize", "dequantize"]
+__all__ = ["TensorInfo", "tensor_infos", "check_input", "quantize", "dequantize"]
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,53 @@ def dequantize(q, scale, zero_point, axis: int = 0) -> np.ndarray:
     s = _along(np.asarray(scale, np.float32), q.ndim, axis)
     zp = _along(np.asarray(zero_point, np.int64), q.ndim, axis)
     return (s * (q.astype(np.int64) - zp)).astype(np.float32)
+
+
+def check_input(info: TensorInfo, value) -> np.ndarray:
+    """``value`` as an array for input ``info`` (dtype and shape as ``run`` checks
+    them; see there), or :class:`~coralrt.errors.InputError`."""
+    if not isinstance(value, np.ndarray):
+        value = _coerce(info, value)
+    if value.dtype != info.dtype:
+        if not value.dtype.isnative and value.dtype.newbyteorder("=") == info.dtype:
+            # Same type, other byte order (a big-endian file): byte-swap
+            # into a copy.  Off the common path, which stays one comparison.
+            value = value.astype(info.dtype)
+        else:
+            hint = ""
+            if info.is_quantized and value.dtype.kind == "f":
+                hint = (f"; this input is quantized (scale {info.quantization[0]:g}, zero "
+                        f"point {info.quantization[1]}): convert with "
+                        f"session.get_inputs()[i].quantize(x)")
+            raise InputError(f"input {info.name!r} expects dtype {info.dtype.name}, got "
+                             f"{value.dtype.name}{hint}")
+    if value.shape != info.shape:
+        sig = info.shape_signature
+        if not (len(value.shape) == len(sig)
+                and all(g == -1 or d == g for d, g in zip(value.shape, sig))):
+            raise InputError(f"input {info.name!r} expects shape {list(info.shape)}"
+                             f"{'' if sig == info.shape else f' (signature {list(sig)})'}"
+                             f", got {list(value.shape)}")
+    return value
+
+
+def _coerce(info: TensorInfo, value) -> np.ndarray:
+    # Python scalars and lists carry no dtype of their own: take the input's,
+    # but only when no value changes on the way.
+    if value is None:
+        raise InputError(f"input {info.name!r} is None; pass a {info.dtype.name} array of "
+                         f"shape {list(info.shape)}")
+    try:
+        arr = np.asarray(value)
+        # astype would turn a None inside a list into NaN for a float input.
+        holds_none = arr.dtype.kind == "O" and any(v is None for v in arr.flat)
+        cast = None if holds_none else arr.astype(info.dtype)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
+                         f"{type(value).__name__} ({e})") from None
+    if holds_none:
+        raise InputError(f"input {info.name!r}: cannot make a {info.dtype.name} array from "
+                         f"{type(value).__name__} holding None")
+    if arr.dtype.kind in "iufb" and not np.array_equal(cast, arr):
+        raise InputError(f"input {info.name!r}: values do not fit dtype {info.dtype.name}")
+    return cast

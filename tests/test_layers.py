@@ -52,7 +52,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.targets",),                                      # 12
     ("coralrt.session",),                                      # 13
     ("coralrt",),                                              # 14: the facade
-    ("coralrt.cli", "coralrt.__main__"),                       # 15
+    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite"),     # 15: tflite: tflite_runtime's API
+    ("coralrt.pycoral",),                                      # 16: pycoral's API over coralrt.tflite
+    ("coralrt.compat",),                                       # top: maps tflite_runtime, pycoral
 ]
 # Layer 0 is stricter than "same or lower layer": it imports no coralrt module at all.
 SELF_CONTAINED_LAYER = 0

@@ -1,0 +1,358 @@
+"""tflite_runtime's ``Interpreter`` over coralrt's :class:`~coralrt.InferenceSession`.
+
+The same methods, detail dicts, value types and exception types as
+``tflite_runtime.interpreter`` (and LiteRT's ``ai_edge_litert.interpreter``):
+a program written for tflite_runtime runs unchanged.  Without a delegate the
+model runs on the ``cpu`` target; with the Edge TPU delegate
+(:func:`load_delegate`) on ``CORALRT_TARGET`` (default ``auto``) and the
+delegate's ``device``.
+
+coralrt keeps the model's inputs and outputs only: reading an intermediate
+tensor raises ``ValueError`` (tflite_runtime returns it, with
+``experimental_preserve_all_tensors=True``), and only the ``-1`` dimensions
+of an input's ``shape_signature`` can be resized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import operator
+
+import numpy as np
+
+from coralrt import config
+from coralrt.model.types import TYPE_NAMES, Tensor
+from coralrt.session import InferenceSession
+from coralrt.tensors import check_input
+from coralrt.tensors import tensor_infos
+from coralrt.tflite.delegate import EdgeTpuDelegate, load_delegate
+
+__all__ = ["Interpreter", "SignatureRunner", "OpResolverType", "load_delegate",
+           "EdgeTpuDelegate", "tensor_details"]
+
+log = logging.getLogger("coralrt.tflite")
+
+# Keyword arguments of LiteRT's Interpreter that change nothing coralrt does.
+_IGNORED = frozenset({"experimental_disable_delegate_clustering",
+                      "experimental_default_delegate_latest_features",
+                      "experimental_compress_quantization_zero_points",
+                      "experimental_disable_delegate_node_fusion",
+                      "experimental_force_delegate_node_profiling"})
+_OTHER_TYPES = {"STRING": np.bytes_}
+_NULL = "Tensor data is null. Run allocate_tensors() first"
+
+
+@enum.unique
+class OpResolverType(enum.Enum):
+    """tflite_runtime's op resolver types; LiteRT's and tflite_runtime's own
+    enums are accepted too (compared by name)."""
+    AUTO = 0
+    BUILTIN = 1
+    BUILTIN_REF = 2
+    BUILTIN_WITHOUT_DEFAULT_DELEGATES = 3
+
+
+_KERNELS = {"AUTO": "optimized", "BUILTIN": "optimized", "BUILTIN_REF": "reference",
+            "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "builtin"}
+
+
+def tensor_details(t: Tensor, index: int, shape=None) -> dict:
+    """tflite_runtime's detail dict of tensor ``t`` (``shape``: its current shape)."""
+    shape = t.shape if shape is None else tuple(shape)
+    q = t.quantization
+    dtype = t.dtype.type if t.dtype is not None else _OTHER_TYPES.get(
+        TYPE_NAMES.get(t.type, ""), np.object_)
+    return {
+        "name": t.name,
+        "index": int(index),
+        "shape": np.array(shape, np.int32),
+        "shape_signature": np.array(t.shape_signature or shape, np.int32),
+        "dtype": dtype,
+        "quantization": q.params if q is not None else (0.0, 0),
+        "quantization_parameters": {
+            "scales": np.asarray(q.scale if q is not None else [], np.float32),
+            "zero_points": np.asarray(q.zero_point if q is not None else [], np.int32),
+            "quantized_dimension": int(q.quantized_dimension) if q is not None else 0,
+            "block_size": 0,
+        },
+        "sparsity_parameters": {},
+    }
+
+
+def _stick_present() -> bool:
+    from coralrt.usb import list_devices
+    try:
+        return bool(list_devices())
+    except Exception:  # no libusb, no permission: as target "auto" treats it, no stick
+        return False
+
+
+class Interpreter:
+    """tflite_runtime's ``Interpreter``: see the module docstring.
+
+    ``experimental_op_resolver_type`` picks the CPU kernels (``BUILTIN_REF``:
+    TFLite's reference kernels); ``experimental_preserve_all_tensors`` is
+    accepted, but intermediate tensors still cannot be read.  Model errors are
+    coralrt's (:class:`~coralrt.errors.ModelError`, a ``ValueError``).
+    """
+
+    def __init__(self, model_path=None, model_content=None, experimental_delegates=None,
+                 num_threads=None, experimental_op_resolver_type=None,
+                 experimental_preserve_all_tensors=False, **kwargs):
+        unknown = sorted(set(kwargs) - _IGNORED)
+        if unknown:
+            raise TypeError(f"Interpreter() got an unexpected keyword argument {unknown[0]!r}")
+        kernels = _KERNELS.get(getattr(experimental_op_resolver_type, "name", "AUTO"))
+        if kernels is None:
+            raise ValueError(f"Unrecognized passed in op resolver type: "
+                             f"{experimental_op_resolver_type}")
+        if num_threads is not None:
+            if not isinstance(num_threads, int):
+                raise ValueError("type of num_threads should be int")
+            if num_threads < 1:
+                raise ValueError("num_threads should >= 1")
+        if model_path and model_content:
+            raise ValueError("Can't both provide `model_path` and `model_content`")
+        if not model_path and not model_content:
+            raise ValueError("`model_path` or `model_content` must be specified.")
+        self._delegates = list(experimental_delegates or [])
+        for d in self._delegates:
+            if not isinstance(d, EdgeTpuDelegate):
+                raise ValueError(f"experimental_delegates: {d!r} is not a delegate from "
+                                 f"coralrt.tflite.load_delegate; coralrt provides only the "
+                                 f"Edge TPU delegate")
+        if len(self._delegates) > 1:
+            raise ValueError("experimental_delegates: coralrt takes one Edge TPU delegate")
+        target, device = "cpu", None
+        if self._delegates:
+            target = config.compat_target()
+            device = self._delegates[0].device if target in ("coral", "auto") else None
+            if target == "auto" and device is not None and not _stick_present():
+                device = None   # auto without a stick: the CPU, as target "auto" decides
+        model = model_path if model_path else bytes(model_content)
+        self._session = InferenceSession(model, target=target, device=device,
+                                         num_threads=num_threads, cpu_kernels=kernels)
+        log.info("tflite Interpreter on target %r%s", self._session.target,
+                 f" (device {device})" if device else "")
+        self._model = self._session.source_model
+        main = self._model.main
+        if len(main.inputs) != len(self._session.get_inputs()) or \
+                len(main.outputs) != len(self._session.get_outputs()):
+            self._model = self._session.model     # should not happen: describe what runs
+            main = self._model.main
+        self._main = main
+        self._in = {t: p for p, t in enumerate(main.inputs)}
+        self._out = {t: p for p, t in enumerate(main.outputs)}
+        self._infos = tensor_infos(main, main.inputs)
+        self._shapes = {i: main.tensors[i].shape for i in (*main.inputs, *main.outputs)}
+        # Shapes the file leaves out (custom operator outputs), as LiteRT knows them
+        # once allocate_tensors() has prepared the operators.
+        self._inferred = {i.index: i.shape for i in tensor_infos(main, main.outputs)
+                          if i.shape != main.tensors[i.index].shape}
+        self._buffers: dict[int, np.ndarray] | None = None
+        self._signature_defs = self.get_signature_list()
+
+    # -- description --------------------------------------------------------------
+
+    @property
+    def session(self) -> InferenceSession:
+        """The coralrt session that runs the model (its ``target``, ``profile()`` ...)."""
+        return self._session
+
+    def _index(self, tensor_index) -> int:
+        i = operator.index(tensor_index)       # TypeError for str and float, as LiteRT
+        n = len(self._main.tensors)
+        if not 0 <= i < n:
+            raise ValueError(f"Invalid tensor index {i} exceeds max tensor index {n}")
+        return i
+
+    def _details(self, i: int) -> dict:
+        return tensor_details(self._main.tensors[i], i, self._shapes.get(i))
+
+    def get_input_details(self) -> list[dict]:
+        return [self._details(i) for i in self._main.inputs]
+
+    def get_output_details(self) -> list[dict]:
+        return [self._details(i) for i in self._main.outputs]
+
+    def get_tensor_details(self, subgraph_index: int = 0) -> list[dict]:
+        n = len(self._model.subgraphs)
+        if not 0 <= subgraph_index < n:
+            raise ValueError(f"subgraph_index is out of range: {subgraph_index} for the "
+                             f"model, which has {n} subgraphs.")
+        if subgraph_index == 0:
+            return [self._details(i) for i in range(len(self._main.tensors))]
+        return [tensor_details(t, i)
+                for i, t in enumerate(self._model.subgraphs[subgraph_index].tensors)]
+
+    def num_subgraphs(self) -> int:
+        return len(self._model.subgraphs)
+
+    def get_signature_list(self) -> dict:
+        return self._session.get_signatures()
+
+    def _get_full_signature_list(self) -> dict:
+        return {s.key: {"inputs": dict(s.inputs), "outputs": dict(s.outputs)}
+                for s in self._model.signatures}
+
+    def get_signature_runner(self, signature_key=None) -> SignatureRunner:
+        if signature_key is None:
+            if len(self._signature_defs) != 1:
+                raise ValueError(
+                    f"SignatureDef signature_key is None and model has "
+                    f"{len(self._signature_defs)} Signatures. None is only allowed when the "
+                    f"model has 1 SignatureDef")
+            signature_key = next(iter(self._signature_defs))
+        return SignatureRunner(self, signature_key)
+
+    # -- tensors ------------------------------------------------------------------
+
+    def allocate_tensors(self) -> None:
+        old = self._buffers or {}
+        for i, shape in self._inferred.items():
+            if self._shapes[i] == self._main.tensors[i].shape:
+                self._shapes[i] = shape
+        if any(self._shapes[i.index] != i.shape for i in self._infos) and not any(
+                t.is_variable for t in self._main.tensors):
+            # Resized: the output shapes follow from the inputs; a run with zeros
+            # finds them (stateless models only, since a run changes state).
+            zeros = [np.zeros(self._shapes[i.index], i.dtype) for i in self._infos]
+            for i, value in zip(self._main.outputs, self._session.run(zeros).values()):
+                self._shapes[i] = value.shape
+        buffers = {}
+        for i in (*self._main.inputs, *self._main.outputs):
+            shape = self._shapes[i]
+            kept = old.get(i)
+            buffers[i] = kept if kept is not None and kept.shape == shape else np.zeros(
+                shape, self._main.tensors[i].dtype)
+        self._buffers = buffers
+
+    def _buffer(self, i: int) -> np.ndarray:
+        if i not in self._in and i not in self._out:
+            t = self._main.tensors[i]
+            raise ValueError(f"tensor {i} ({t.name!r}) is not an input or output of the model: "
+                             f"coralrt keeps only those and cannot read or write intermediate "
+                             f"tensors (experimental_preserve_all_tensors does not change "
+                             f"that)")
+        if self._buffers is None:
+            raise ValueError(_NULL)
+        return self._buffers[i]
+
+    def set_tensor(self, tensor_index, value) -> None:
+        """Copy ``value`` into input ``tensor_index`` (dtype and current shape as
+        coralrt checks them: ``ValueError`` naming the input otherwise)."""
+        i = self._index(tensor_index)
+        if self._buffers is None and (i in self._in or i in self._out):
+            raise ValueError("Cannot set tensor: Tensor is unallocated. Try calling "
+                             "allocate_tensors() first")
+        buf = self._buffer(i)
+        pos = self._in.get(i)
+        if pos is not None:
+            info = self._infos[pos]
+            value = check_input(dataclasses.replace(info, shape=buf.shape,
+                                                    shape_signature=buf.shape), value)
+        elif not (isinstance(value, np.ndarray) and value.dtype == buf.dtype
+                  and value.shape == buf.shape):
+            raise ValueError(f"output {self._main.tensors[i].name!r} takes a {buf.dtype.name} "
+                             f"array of shape {list(buf.shape)}")
+        buf[...] = value
+
+    def get_tensor(self, tensor_index, subgraph_index: int = 0) -> np.ndarray:
+        """A copy of input or output ``tensor_index``."""
+        if subgraph_index != 0:
+            raise ValueError("coralrt reads tensors of subgraph 0 only; run other subgraphs "
+                             "through get_signature_runner()")
+        return self._buffer(self._index(tensor_index)).copy()
+
+    def tensor(self, tensor_index):
+        """A function returning the live array of input or output ``tensor_index``:
+        writing into an input's array sets it; an output's holds the last results."""
+        return lambda: self._buffer(self._index(tensor_index))
+
+    def resize_tensor_input(self, input_index, tensor_size, strict: bool = False) -> None:
+        """New shape of an input; only its ``-1`` dimensions may change (with or
+        without ``strict``).  Takes effect at the next ``allocate_tensors()``."""
+        i = self._index(input_index)
+        if i not in self._in:
+            raise ValueError(f"tensor {i} ({self._main.tensors[i].name!r}) is not an input "
+                             f"of the model; only inputs can be resized")
+        shape = tuple(int(d) for d in np.array(tensor_size, np.int32).reshape(-1))
+        sig = self._infos[self._in[i]].shape_signature
+        fixed = [d for d, (new, old) in enumerate(zip(shape, sig)) if old != -1 and new != old]
+        if len(shape) != len(sig) or fixed:
+            detail = (f"rank {len(shape)} instead of {len(sig)}" if len(shape) != len(sig)
+                      else f"dimension {fixed[0]} is fixed at {sig[fixed[0]]}")
+            text = (f"cannot resize input {i} ({self._main.tensors[i].name!r}) to "
+                    f"{list(shape)}: {detail}; coralrt changes only the -1 dimensions of its "
+                    f"shape_signature {list(sig)}")
+            raise (RuntimeError if strict else ValueError)(text)
+        if shape != self._shapes[i]:
+            self._shapes[i] = shape
+            self._buffers = None       # LiteRT: not ready until allocate_tensors()
+
+    # -- running ------------------------------------------------------------------
+
+    def invoke(self) -> None:
+        """Run the model on the inputs set; outputs land in the output arrays."""
+        if self._buffers is None:
+            raise RuntimeError("Invoke called on model that is not ready.")
+        results = self._session.run([self._buffers[i] for i in self._main.inputs])
+        for i, value in zip(self._main.outputs, results.values()):
+            buf = self._buffers[i]
+            if buf.shape != value.shape or buf.dtype != value.dtype:
+                self._buffers[i] = np.array(value)
+                self._shapes[i] = value.shape
+            else:
+                buf[...] = value
+
+    def close(self) -> None:
+        """Release the session and the sticks it opened (not in tflite_runtime)."""
+        self._session.close()
+
+    def __repr__(self) -> str:
+        return f"<coralrt.tflite.Interpreter target={self._session.target!r}>"
+
+
+class SignatureRunner:
+    """tflite_runtime's ``SignatureRunner``: ``runner(**inputs) -> {output name: array}``."""
+
+    def __init__(self, interpreter: Interpreter = None, signature_key: str = None):
+        if not interpreter:
+            raise ValueError("None interpreter provided.")
+        if not signature_key:
+            raise ValueError("None signature_key provided.")
+        defs = interpreter._get_full_signature_list()
+        if signature_key not in defs:
+            raise ValueError(f'Invalid signature_key provided: "{signature_key}".')
+        self._interpreter = interpreter
+        self._key = signature_key
+        self._inputs = defs[signature_key]["inputs"]
+        self._outputs = defs[signature_key]["outputs"]
+        self._shapes: tuple[dict, dict] = ({}, {})
+        self._subgraph = next(s.subgraph_index for s in interpreter._model.signatures
+                              if s.key == signature_key)
+
+    def __call__(self, **kwargs) -> dict:
+        if len(kwargs) != len(self._inputs):
+            raise ValueError(f"Invalid number of inputs provided for running a SignatureDef, "
+                             f"expected {len(self._inputs)} vs provided {len(kwargs)}")
+        for name in kwargs:
+            if name not in self._inputs:
+                raise ValueError(f"Invalid Input name ({name}) for SignatureDef")
+        result = self._interpreter._session.run(kwargs, signature=self._key)
+        # The details show the shapes of the last call, as LiteRT's do.
+        self._shapes = ({n: np.shape(v) for n, v in kwargs.items()},
+                        {n: v.shape for n, v in result.items()})
+        return result
+
+    def _details(self, names: dict, shapes: dict) -> dict:
+        sg = self._interpreter._model.subgraphs[self._subgraph]
+        return {n: tensor_details(sg.tensors[i], i, shapes.get(n)) for n, i in names.items()}
+
+    def get_input_details(self) -> dict:
+        return self._details(self._inputs, self._shapes[0])
+
+    def get_output_details(self) -> dict:
+        return self._details(self._outputs, self._shapes[1])
