@@ -130,3 +130,17 @@ def _private_compile_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own compile cache, never the user's."""
     monkeypatch.setenv("CORALRT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.delenv("CORALRT_CACHE", raising=False)
+
+
+IMAGES_DIR = REPO_ROOT.parent / "shared" / "images"
+
+
+def shared_image(name: str) -> Path:
+    """Path of ``name`` in ``shared/images`` (test images, label files); skips when the
+    folder is absent.  A missing file inside a present folder is an error, not a skip."""
+    if not IMAGES_DIR.is_dir():
+        pytest.skip(f"test images folder {IMAGES_DIR} is absent")
+    path = IMAGES_DIR / name
+    if not path.is_file():
+        raise FileNotFoundError(f"test image {name!r} not found in {IMAGES_DIR}")
+    return path

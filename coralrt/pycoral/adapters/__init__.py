@@ -1,0 +1,1 @@
+"""pycoral.adapters on coralrt: reading and writing model tensors for common model kinds."""

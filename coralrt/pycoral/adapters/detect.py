@@ -1,0 +1,118 @@
+"""Object detection results (SSD models with the TFLite detection post-process)."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+from coralrt.pycoral.adapters import common
+
+__all__ = ["Object", "BBox", "get_objects"]
+
+Object = collections.namedtuple("Object", ["id", "score", "bbox"])
+Object.__doc__ = "One detection: class ``id`` (int), ``score`` (float), ``bbox`` (:class:`BBox`)."
+
+
+class BBox(collections.namedtuple("BBox", ["xmin", "ymin", "xmax", "ymax"])):
+    """An axis-aligned box; x grows rightwards, y downwards."""
+
+    __slots__ = ()
+
+    @property
+    def width(self):
+        return self.xmax - self.xmin
+
+    @property
+    def height(self):
+        return self.ymax - self.ymin
+
+    @property
+    def area(self):
+        return self.width * self.height
+
+    @property
+    def valid(self) -> bool:
+        """True when neither side is negative (an empty box is valid)."""
+        return self.width >= 0 and self.height >= 0
+
+    def scale(self, sx, sy) -> BBox:
+        """All x coordinates times ``sx``, all y coordinates times ``sy``."""
+        return BBox(sx * self.xmin, sy * self.ymin, sx * self.xmax, sy * self.ymax)
+
+    def translate(self, dx, dy) -> BBox:
+        """The box moved by (``dx``, ``dy``)."""
+        return BBox(dx + self.xmin, dy + self.ymin, dx + self.xmax, dy + self.ymax)
+
+    def map(self, f) -> BBox:
+        """``f`` applied to each of the four coordinates."""
+        return BBox(f(self.xmin), f(self.ymin), f(self.xmax), f(self.ymax))
+
+    @staticmethod
+    def intersect(a: BBox, b: BBox) -> BBox:
+        """The overlap of ``a`` and ``b``; not :attr:`valid` when they do not overlap."""
+        return BBox(max(a.xmin, b.xmin), max(a.ymin, b.ymin),
+                    min(a.xmax, b.xmax), min(a.ymax, b.ymax))
+
+    @staticmethod
+    def union(a: BBox, b: BBox) -> BBox:
+        """The smallest box holding both ``a`` and ``b``."""
+        return BBox(min(a.xmin, b.xmin), min(a.ymin, b.ymin),
+                    max(a.xmax, b.xmax), max(a.ymax, b.ymax))
+
+    @staticmethod
+    def iou(a: BBox, b: BBox) -> float:
+        """Intersection over union: 0.0 when the boxes do not overlap, 1.0 when equal."""
+        overlap = BBox.intersect(a, b)
+        if not overlap.valid:
+            return 0.0
+        area = overlap.area
+        return area / (a.area + b.area - area)
+
+
+def _signature_outputs(interpreter):
+    """{output name: tensor index} of the model's only signature; None without signatures."""
+    full = getattr(interpreter, "_get_full_signature_list", None)
+    signatures = full() if callable(full) else None
+    if not signatures:
+        return None
+    if len(signatures) > 1:
+        raise ValueError("Only support model with one signature.")
+    return next(iter(signatures.values()))["outputs"]
+
+
+def _raw_outputs(interpreter):
+    """(boxes, class ids, scores) of batch item 0, found as pycoral finds them."""
+    outputs = _signature_outputs(interpreter)
+    if outputs:
+        # Signature names: output_0 count, output_1 scores, output_2 classes, output_3 boxes.
+        def named(name):
+            return interpreter.tensor(outputs[name])()[0]
+        return named("output_3"), named("output_2"), named("output_1")
+    if common.output_tensor(interpreter, 3).size == 1:
+        # TF1 post-process order: boxes, classes, scores, count.
+        return tuple(common.output_tensor(interpreter, i)[0] for i in (0, 1, 2))
+    # TF2 order: scores, boxes, count, classes.
+    return tuple(common.output_tensor(interpreter, i)[0] for i in (1, 3, 0))
+
+
+def get_objects(interpreter, score_threshold=-math.inf, image_scale=(1.0, 1.0)) -> list[Object]:
+    """Detections with score >= ``score_threshold``, in the model's output order.
+
+    Boxes come out of the model as normalized (ymin, xmin, ymax, xmax); they
+    are scaled to input pixels, divided by ``image_scale`` (x, y) (the scale
+    :func:`~coralrt.pycoral.adapters.common.set_resized_input` returns, so that
+    boxes land in the original image's pixels) and truncated to ints.  As in
+    pycoral, every row of the outputs is looked at (the count output is not
+    used: rows past it have score 0).
+    """
+    boxes, class_ids, scores = _raw_outputs(interpreter)
+    width, height = common.input_size(interpreter)
+    scale_x, scale_y = image_scale
+    sx, sy = width / scale_x, height / scale_y
+
+    def make(i):
+        ymin, xmin, ymax, xmax = boxes[i]
+        box = BBox(xmin=xmin, ymin=ymin, xmax=xmax, ymax=ymax).scale(sx, sy).map(int)
+        return Object(id=int(class_ids[i]), score=float(scores[i]), bbox=box)
+
+    return [make(i) for i in range(len(scores)) if scores[i] >= score_threshold]

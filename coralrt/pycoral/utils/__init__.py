@@ -1,0 +1,1 @@
+"""pycoral.utils on coralrt: :mod:`.edgetpu` (interpreters, devices), :mod:`.dataset` (labels)."""
