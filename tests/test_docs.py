@@ -6,7 +6,8 @@ Conventions for the fenced code blocks of README.md and docs/*.md:
 - ```python blocks are executed, each in a fresh namespace, with the current
   directory a temporary folder that holds the third-party test models of
   ``../shared/models`` by their file names (``mobilenet_v1_0.25_128_quant.tflite``,
-  ``edgetpu/...``, ``invalid/...``; symlinks).  A block that names a
+  ``edgetpu/...``, ``invalid/...``; symlinks) and the images and label files of
+  ``../shared/images`` (``cat.bmp``, ``imagenet_labels.txt``...).  A block that names a
   ``.tflite`` file skips, with the reason, when that folder is absent.  HOME
   and the XDG folders point into a private folder, so the compile cache and
   the firmware folder are the block's own, whatever this machine has.
@@ -98,6 +99,11 @@ def doc_dir(tmp_path, monkeypatch):
     if MODELS_DIR.is_dir():
         for entry in MODELS_DIR.iterdir():
             (work / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    images = MODELS_DIR.parent / "images"     # test images and label files, by name too
+    if images.is_dir():
+        for entry in images.iterdir():
+            if not (work / entry.name).exists():
+                (work / entry.name).symlink_to(entry)
     home = tmp_path / "home"
     for var, sub in (("HOME", ""), ("XDG_CACHE_HOME", ".cache"),
                      ("XDG_DATA_HOME", ".local/share"), ("XDG_CONFIG_HOME", ".config")):

@@ -17,6 +17,7 @@ there the tests check that the backend says so) and when PyPI is unreachable
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -52,7 +53,8 @@ def _requirements() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tflite_runtime_outputs(tmp_path_factory):
+def tflite_runtime_venv(tmp_path_factory) -> Path:
+    """The venv's python."""
     if NO_WHEELS:
         pytest.skip(f"tflite-runtime has no wheels for Python "
                     f"{sys.version_info[0]}.{sys.version_info[1]}")
@@ -70,6 +72,13 @@ def tflite_runtime_outputs(tmp_path_factory):
             pytest.skip(f"cannot install tflite-runtime from PyPI here: "
                         f"{pip.stderr.strip().splitlines()[-1]}")
         pytest.fail(f"pip install failed:\n{pip.stderr}")
+    return py
+
+
+@pytest.fixture(scope="module")
+def tflite_runtime_outputs(tflite_runtime_venv):
+    py = tflite_runtime_venv
+    root = py.parents[2]
     out = root / "outputs.npz"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     worker = REPO_ROOT / "tests" / "support" / "tflite_runtime_worker.py"
@@ -116,3 +125,41 @@ def test_outputs_match_litert(tflite_runtime_outputs, name, label):
 def test_backend_says_it_cannot_be_installed_here():
     with pytest.raises(BackendUnavailableError, match="no wheels for Python 3.12 or newer"):
         get_backend("tflite_runtime")
+
+
+_COMPAT_PROBE = """\
+import json, sys
+import numpy as np
+import tflite_runtime.interpreter as user_view          # coralrt.compat's mapping
+from coralrt import InferenceSession
+from coralrt.backends import get_backend
+backend = get_backend("tflite_runtime")
+session = InferenceSession(sys.argv[1], target="cpu", backend="tflite_runtime")
+out = session.run([np.ones(t.shape, t.dtype) for t in session.get_inputs()])
+import tflite_runtime.interpreter as again
+print(json.dumps({"user": [user_view.__name__, again.__name__],
+                  # its code's file: sys.modules maps the module's name to coralrt's
+                  "backend_file": backend._Interpreter.__init__.__code__.co_filename,
+                  "backend_module": backend._Interpreter.__module__,
+                  "outputs": len(out)}))
+"""
+
+
+def test_compat_hook_leaves_the_backend_the_real_package(tflite_runtime_venv, tmp_path):
+    """With coralrt.compat's import hook active (python -m coralrt.compat), the program's
+    `import tflite_runtime` gets coralrt's module, while the tflite_runtime backend still
+    loads the installed package and runs models with it."""
+    py = tflite_runtime_venv
+    script = tmp_path / "probe.py"
+    script.write_text(_COMPAT_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([str(py), "-m", "coralrt.compat", str(script),
+                           str(MODELS_DIR / "add_float.tflite")], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["user"] == ["coralrt.tflite.interpreter"] * 2
+    assert got["backend_module"] == "tflite_runtime.interpreter"
+    backend_file = Path(got["backend_file"]).resolve()
+    assert backend_file.is_relative_to(py.parents[1].resolve()), backend_file
+    assert got["outputs"] >= 1

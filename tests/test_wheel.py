@@ -96,6 +96,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     assert "coralrt/py.typed" in names
     assert "coralrt/cli/main.py" in names and "coralrt/sim/stick/__init__.py" in names
     assert not any(n.startswith("tests/") for n in names), "the wheel must not ship the tests"
+    # The CORALRT_COMPAT=1 start-up hook sits at the top of site-packages.
+    assert "coralrt-compat.pth" in names and "_coralrt_compat.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "coralrt = coralrt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -123,4 +125,42 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
                              cwd=outside, env=env).stdout)
     assert report["target"] == "sim"
     times["coralrt demo x2"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    _check_compat_hook(py, outside, env)
+    times["CORALRT_COMPAT checks"] = time.perf_counter() - t
     print("wheel test times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+
+
+_SPAWN = """\
+import multiprocessing as mp
+
+def child(queue):
+    import pycoral.utils.edgetpu as e
+    queue.put(e.__name__)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    print(queue.get(timeout=120))
+    proc.join(60)
+"""
+
+
+def _check_compat_hook(py: Path, cwd: Path, env: dict) -> None:
+    """In the installed venv, CORALRT_COMPAT=1 maps tflite_runtime and pycoral to coralrt
+    (in spawned multiprocessing children too); without it the import fails as usual."""
+    code = "import tflite_runtime.interpreter as t; print(t.__name__)"
+    off = {k: v for k, v in env.items() if k != "CORALRT_COMPAT"}
+    out = _run([py, "-c", code], cwd=cwd, env={**off, "CORALRT_COMPAT": "1"}).stdout
+    assert out.strip() == "coralrt.tflite.interpreter"
+    proc = subprocess.run([str(py), "-c", code], cwd=cwd, env=off, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ModuleNotFoundError: No module named 'tflite_runtime'" in proc.stderr, proc.stderr
+    script = cwd / "spawner.py"
+    script.write_text(_SPAWN)
+    out = _run([py, script], cwd=cwd, env={**off, "CORALRT_COMPAT": "1"}).stdout
+    assert out.strip() == "coralrt.pycoral.utils.edgetpu"

@@ -7,11 +7,13 @@ happens when a backend object is created, never when coralrt is imported.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
 import re
 import sys
+import threading
 from time import perf_counter as _clock
 from typing import Any
 
@@ -43,6 +45,62 @@ _UNRESOLVED_CUSTOM = re.compile(r"Encountered unresolved custom op: (.+?)\.(?:\s
 _MISSING_BUILTIN = re.compile(r"Didn't find op for builtin opcode '([^']+)' version '(\d+)'")
 _NODE = re.compile(r"Node number (\d+) \(")
 _DELEGATE_REFUSED = re.compile(r"\(TfLiteXNNPackDelegate\) failed to prepare")
+
+
+# -- the real package, past coralrt.compat's aliases ----------------------------------------
+#
+# coralrt.compat maps ``tflite_runtime`` to coralrt's own stand-in for user programs: a finder
+# marked ``coralrt_compat`` first on sys.meta_path and aliases in sys.modules. This backend
+# needs the installed package: while it imports it, the marked finders and the aliases are
+# set aside, and afterwards the real modules leave sys.modules again (kept here), so the
+# user's imports still get the mapping.
+
+_REAL_LOCK = threading.RLock()
+_real_modules: dict[str, Any] = {}
+
+
+def _aliased(top: str) -> bool:
+    return any(getattr(f, "coralrt_compat", False) for f in sys.meta_path) or any(
+        getattr(m, "__name__", k) != k for k, m in list(sys.modules.items())
+        if k == top or k.startswith(top + "."))
+
+
+@contextlib.contextmanager
+def _without_compat_aliases(top: str):
+    """Imports of ``top`` inside see only what is installed; yields the real modules
+    imported meanwhile (name -> module)."""
+    with _REAL_LOCK:
+        if not _aliased(top):
+            yield {}
+            return
+        mine = lambda k: k == top or k.startswith(top + ".")  # noqa: E731
+        finders = [(i, f) for i, f in enumerate(sys.meta_path)
+                   if getattr(f, "coralrt_compat", False)]
+        aliases = {k: m for k, m in list(sys.modules.items()) if mine(k)}
+        for _, f in finders:
+            sys.meta_path.remove(f)
+        for k in aliases:
+            del sys.modules[k]
+        sys.modules.update({k: m for k, m in _real_modules.items() if mine(k)})
+        imported: dict[str, Any] = {}
+        try:
+            yield imported
+        finally:
+            for k in [k for k in sys.modules if mine(k)]:
+                imported[k] = sys.modules.pop(k)
+            _real_modules.update(imported)
+            sys.modules.update(aliases)
+            for i, f in finders:
+                sys.meta_path.insert(i, f)
+
+
+def _import_real(name: str) -> Any:
+    """``importlib.import_module(name)`` of the installed package, never coralrt.compat's
+    stand-in for it."""
+    top = name.partition(".")[0]
+    with _without_compat_aliases(top) as imported:
+        module = importlib.import_module(name)
+    return imported.get(name, module)
 
 
 class _NativeFailure(Exception):
@@ -190,12 +248,13 @@ class _InterpreterBackend(CpuBackend):
 
     def __init__(self) -> None:
         top = self._module.partition(".")[0]
-        if importlib.util.find_spec(top) is None:
-            raise BackendUnavailableError(self._not_installed())
+        with _without_compat_aliases(top):
+            if importlib.util.find_spec(top) is None:
+                raise BackendUnavailableError(self._not_installed())
         # Before the import: a broken native module may fail noisily on import.
         self._check_usable()
         try:
-            mod = importlib.import_module(self._module)
+            mod = _import_real(self._module)
         except ImportError as e:
             raise BackendUnavailableError(
                 f"CPU backend {self.name!r} is installed but cannot be imported ({e}); "
@@ -207,7 +266,7 @@ class _InterpreterBackend(CpuBackend):
             "reference": mod.OpResolverType.BUILTIN_REF,
         }
         self._without_delegates = mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-        self.version = str(getattr(importlib.import_module(top), "__version__", "unknown"))
+        self.version = str(getattr(_import_real(top), "__version__", "unknown"))
 
     def _check_usable(self) -> None:
         pass
