@@ -22,6 +22,7 @@ from coralrt.cli import (
 from coralrt.cli import devices_cmd, doctor_cmd, firmware_cmd
 from coralrt.cli import plugins_cmd
 from coralrt.errors import CoralRTError, ModelError
+from coralrt.logs import StderrHandler
 
 __all__ = ["main", "build_parser"]
 
@@ -87,21 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Handler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at emit time (tests swap it)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
 def _setup_logging(args) -> tuple[logging.Logger, logging.Handler, int]:
     logger = logging.getLogger("coralrt")
-    handler = _Handler()
+    handler = StderrHandler()
     fmt = "%(name)s: %(levelname)s: %(message)s" if args.debug else "coralrt: %(message)s"
     handler.setFormatter(logging.Formatter(fmt))
     previous = logger.level

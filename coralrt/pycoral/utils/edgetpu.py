@@ -11,9 +11,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import sys
 
 import numpy as np
+
+from coralrt.logs import StderrHandler
 
 __all__ = ["load_edgetpu_delegate", "make_interpreter", "list_edge_tpus", "run_inference",
            "get_runtime_version", "set_verbosity"]
@@ -124,18 +125,6 @@ def get_runtime_version() -> str:
 _handler: logging.Handler | None = None
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record is emitted."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
 def set_verbosity(verbosity: int) -> bool:
     """Set how much coralrt logs, on libedgetpu's scale: 0 (the default) to 10.
 
@@ -157,7 +146,7 @@ def set_verbosity(verbosity: int) -> bool:
             logger.removeHandler(_handler)
             _handler = None
     elif _handler is None and not logger.handlers:
-        _handler = _StderrHandler()
+        _handler = StderrHandler()
         _handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
         logger.addHandler(_handler)
     return True
