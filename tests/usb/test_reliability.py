@@ -73,10 +73,10 @@ def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, erro
         assert info.value.errno == code
     if kind == "fatal":
         assert "fatal" in str(info.value)
-    start = time.monotonic()                   # a failed device fails fast afterwards
+    start = time.monotonic()                   # a failed device fails fast afterwards:
     with pytest.raises(DeviceLostError, match="close it and open it again"):
         _one_run(dev, program)
-    assert time.monotonic() - start < 0.1
+    assert time.monotonic() - start < TIMEOUT / 2   # no transfer waits for a timeout
     dev.close()
     if kind == "disconnect":
         b.replug(0)
