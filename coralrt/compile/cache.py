@@ -1,18 +1,13 @@
 """The on-disk compile cache: compiled segments, keyed by what produced them.
 
 An entry is two files, ``<root>/v<format>/<key[:2]>/<key>.bin`` (the raw
-bytes) and ``<key>.json`` (the caller's metadata plus ``key``, ``source``,
-``size``, ``crc32``, ``created`` and ``format``).  Nothing is pickled: loading
-a cache entry never runs code.
-
-An entry is bound to what it was built from: ``key`` is its own cache key and
-``source`` the SHA-256 (hex) of the source model, and ``crc32`` is the CRC-32
-of the data followed by the 128 ASCII characters of ``key`` and ``source``.
-A reader checks the format, that ``key`` and ``source`` are the ones it asks
-for, the size and the CRC-32, so an entry copied to another key's slot (by a
-sync tool, an import, a bug) or whose key or source field was edited is never
-served.  CRC-32 rather than a cryptographic hash: the threat is accidents,
-not an adversary who can write the user's own cache.
+bytes) and ``<key>.json`` (its record: the caller's metadata plus ``key``,
+``source``, ``size``, ``crc32``, ``created`` and ``format``).  The key, the
+record and the checksum that binds an entry to its key and source model are
+:mod:`coralrt.compile.cache_format` (re-exported here).  A reader checks the
+format, that ``key`` and ``source`` are the ones it asks for, the size and the
+CRC-32, so an entry copied to another key's slot (by a sync tool, an import,
+a bug) or whose key or source field was edited is never served.
 
 Writers put each file in place with temp file + fsync + rename
 (:func:`coralrt.fileio.atomic_write`), data first, JSON last, so the JSON is
@@ -29,93 +24,29 @@ while writing (read-only folder, full disk) cost the cache, never the compile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
 from coralrt import config
+from coralrt.compile.cache_format import (CACHE_FORMAT_VERSION, KEY_PATTERN as _KEY, Entry,
+                                          canonical_json, check_source, checksum as _checksum,
+                                          make_key, new_record)
 from coralrt.errors import CacheLockTimeoutError
 from coralrt.fileio import atomic_write, is_temporary
 
 __all__ = ["CACHE_FORMAT_VERSION", "Entry", "CompileCache", "make_key"]
 
-# 2: entries carry their key and source digest, covered by the CRC-32.  Entries
-# of older formats live in another folder (v1/) and are never read: misses.
-CACHE_FORMAT_VERSION = 2
-
 log = logging.getLogger("coralrt.cache")
 
-_KEY = re.compile(r"[0-9a-f]{64}")
-_RESERVED = ("key", "source", "size", "crc32", "created", "format")
 _VERSION_DIR = re.compile(r"v\d+")
 _SHARD_DIR = re.compile(r"[0-9a-f]{2}")
-
-
-def _canonical_json(obj) -> bytes:
-    # Sorted keys, no whitespace, ASCII only: the same bytes on every Python.
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=True, allow_nan=False).encode("ascii")
-
-
-def make_key(model_bytes: bytes | None = None, *, options: dict, compiler_id: str,
-             compiler_version: str, model_sha256: str | None = None) -> str:
-    """The cache key (64 hex digits) of compiling ``model_bytes`` with these settings.
-
-    ``model_sha256`` (the hex digest of the model bytes) may be given instead
-    of the bytes when the caller already knows it.
-
-    ``options`` must be JSON-serialisable (the partition options); any change
-    to the model, the options, the compiler or the cache format gives a new key.
-    """
-    parts = {"options": options, "compiler_id": compiler_id,
-             "compiler_version": compiler_version, "format": CACHE_FORMAT_VERSION}
-    try:
-        text = _canonical_json(parts)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"cache key parts must be plain JSON values: {e}") from e
-    if model_sha256 is None:
-        if model_bytes is None:
-            raise TypeError("make_key needs model_bytes or model_sha256")
-        model_sha256 = hashlib.sha256(model_bytes).hexdigest()
-    h = hashlib.sha256(model_sha256.encode("ascii"))
-    h.update(b"\0")
-    h.update(text)
-    return h.hexdigest()
-
-
-def _checksum(key: str, source: str, data_crc32: int) -> int:
-    # The data's CRC-32 continued over key and source: one pass over the data
-    # gives both this and the data's own CRC-32 (Entry.data_crc32).
-    return zlib.crc32(f"{key}{source}".encode("ascii"), data_crc32)
-
-
-def _check_source(source) -> str:
-    if not isinstance(source, str) or not _KEY.fullmatch(source):
-        raise ValueError(f"source must be the SHA-256 of the source model as 64 lowercase "
-                         f"hex digits, got {source!r}")
-    return source
-
-
-@dataclass
-class Entry:
-    """A cached build: the raw bytes and the metadata stored next to them.
-
-    ``data_crc32`` is the CRC-32 of ``data`` alone, as verified against the
-    entry's checksum (None when unknown).
-    """
-
-    data: bytes = field(repr=False)
-    meta: dict
-    data_crc32: int | None = field(default=None, repr=False, compare=False)
 
 
 class _Changed(Exception):
@@ -165,26 +96,16 @@ class CompileCache:
         d = self.path / key[:2]
         return d, d / f"{key}.bin", d / f"{key}.json"
 
-    def _record(self, key: str, source: str, data: bytes, meta: dict) -> tuple[dict, int]:
-        clash = [k for k in _RESERVED if k in meta]
-        if clash:
-            raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
-                             f"records them itself")
-        data_crc32 = zlib.crc32(data)
-        return {**meta, "key": key, "source": source, "size": len(data),
-                "crc32": _checksum(key, source, data_crc32), "created": time.time(),
-                "format": CACHE_FORMAT_VERSION}, data_crc32
-
     def _unstored(self, key: str, source: str, data: bytes, meta: dict) -> Entry:
         data = bytes(data)
-        return Entry(data, *self._record(key, source, data, meta))
+        return Entry(data, *new_record(key, source, data, meta))
 
     def get(self, key: str, *, source: str) -> Entry | None:
         """The entry stored under ``key`` built from the model whose SHA-256 is
         ``source``, or None (absent, disabled, corrupt, bound to another key or
         source, or unreadable)."""
         self._files(key)
-        _check_source(source)
+        check_source(source)
         if not self.enabled:
             return None
         found = self._lookup(key, source)
@@ -289,10 +210,10 @@ class CompileCache:
         """Store ``data``, built from the model whose SHA-256 is ``source``, with
         ``meta`` under ``key``; raises OSError if it cannot be written."""
         d, bin_path, json_path = self._files(key)
-        _check_source(source)
+        check_source(source)
         data = bytes(data)
-        record, data_crc32 = self._record(key, source, data, meta)
-        text = _canonical_json(record)  # before touching the disk: bad meta writes nothing
+        record, data_crc32 = new_record(key, source, data, meta)
+        text = canonical_json(record)  # before touching the disk: bad meta writes nothing
         if not self.enabled:
             return Entry(data, record, data_crc32)  # nothing is stored
         d.mkdir(parents=True, exist_ok=True)
@@ -315,7 +236,7 @@ class CompileCache:
         ``lock_timeout`` seconds of waiting.
         """
         self._files(key)
-        _check_source(source)
+        check_source(source)
         entry = self._lookup(key, source) if self.enabled else None
         if isinstance(entry, Entry):
             return entry, True

@@ -4,7 +4,8 @@
 the one :class:`~coralrt.runtime.program.Program` protocol a session drives
 (CPU programs, executor programs and pipelined programs implement it);
 ``executor.py`` turns a compiled model into steps and runs them;
-``pipeline.py`` spreads the steps over several sticks.
+``pipeline.py`` spreads the steps over several sticks, with the stages and
+worker threads of ``stages.py``.
 
 May import: errors, config, model, tensors, formats.  Nothing here knows
 which device, compiler or CPU backend it is given.

@@ -30,8 +30,10 @@ from another session on the same stick after the pipeline broke) resets it
 first.  A caller interrupted while it waits (Ctrl-C in ``run``) abandons its
 request, which still runs to the end in the workers.  ``run`` and ``submit``
 touch no lock that an interrupt could leave taken (the first stage's queue is
-an :class:`_Inbox`, and ``run`` waits on its request, not on a
-``concurrent.futures.Future``), so an interrupt never hangs the workers.
+an :class:`~coralrt.runtime.stages.Inbox`, and ``run`` waits on its request,
+not on a ``concurrent.futures.Future``), so an interrupt never hangs the
+workers.  The stages, their queues and their worker threads are
+:mod:`coralrt.runtime.stages`; this module builds and drives them.
 """
 
 from __future__ import annotations
@@ -42,125 +44,19 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 
 import numpy as np
 
-from coralrt.runtime.device import EdgeTpuDevice
-from coralrt.runtime.executor import ExecutorProgram, Step, build_program, run_steps, step_rows
+from coralrt.runtime.executor import ExecutorProgram, build_program, step_rows
 from coralrt.runtime.program import NoLock, Program
-from coralrt.errors import ConfigError, CoralRTError, InferenceError, InputError
+from coralrt.runtime.stages import (POLL, STOP, Inbox, PipelineState, Request, Stage,
+                                    check_usable, complete, put_item, stages_of, worker)
+from coralrt.errors import ConfigError, InferenceError, InputError
 
 __all__ = ["PipelinedProgram", "Stage", "build_pipelined_program", "stages_of"]
 
 log = logging.getLogger("coralrt.pipeline")
-
-_STOP = object()          # the sentinel that shuts the workers down, stage by stage
-_POLL = 0.1               # seconds between checks for a broken pipeline while blocked
-
-
-@dataclass
-class Stage:
-    index: int
-    steps: list[Step]
-    device: EdgeTpuDevice | None = None  # the stick of this stage's TPU step (None: CPU only)
-    requests: int = 0                # requests this stage completed
-    busy_seconds: float = 0.0        # wall time spent running them
-
-    @property
-    def label(self) -> str:
-        return f"stage {self.index} on {self.device.path if self.device is not None else 'cpu'}"
-
-
-def stages_of(steps: Sequence[Step]) -> list[Stage]:
-    """Cut ``steps`` into stages: a new stage at each TPU step after the first."""
-    stages: list[Stage] = []
-    current: list[Step] = []
-    device = None
-    seen_tpu = False
-    for step in steps:
-        if step.kind == "tpu" and seen_tpu:
-            stages.append(Stage(len(stages), current, device))
-            current = []
-        if step.kind == "tpu":
-            seen_tpu = True
-            device = step.device
-        current.append(step)
-    if current:
-        stages.append(Stage(len(stages), current, device))
-    return stages
-
-
-def _taken() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-@dataclass
-class _Request:
-    future: Future
-    values: dict
-    submitted: float = field(default_factory=time.perf_counter)
-    # Released once the request is complete; ``run`` waits on it and reads
-    # ``result``/``error`` rather than wait on the Future: a KeyboardInterrupt
-    # can land in Condition.__enter__ (Python code) just after the Future's lock
-    # was taken and leave it taken, and the worker completing the Future would hang.
-    done: threading.Lock = field(default_factory=_taken)
-    finished: bool = False
-    result: list | None = None
-    error: BaseException | None = None
-
-
-class _Inbox:
-    """The first stage's queue: bounded like the others, for callers that a signal
-    may interrupt anywhere.  queue.Queue takes its mutex in Python code (a
-    Condition), where a KeyboardInterrupt can leave it taken and hang the
-    worker; here the items sit in a ``queue.SimpleQueue`` (C) and a full inbox
-    is waited on with a plain lock that the worker releases whenever it takes
-    an item (a wake-up, not a count: waiters look again, and ``timeout`` bounds
-    a missed one)."""
-
-    def __init__(self, maxsize: int):
-        self.maxsize = maxsize
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._space = threading.Lock()
-
-    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
-        if self._items.qsize() >= self.maxsize:
-            if block:
-                self._space.acquire(timeout=-1 if timeout is None else timeout)
-            if self._items.qsize() >= self.maxsize:
-                raise queue.Full
-        self._items.put(item)
-
-    def put_nowait(self, item) -> None:
-        self.put(item, block=False)
-
-    def get(self):
-        item = self._items.get()
-        try:
-            self._space.release()
-        except RuntimeError:        # nobody was waiting
-            pass
-        return item
-
-
-class _State:
-    """What the workers share (no reference back to the program, so that an
-    unreferenced program can be collected and its workers stopped)."""
-
-    def __init__(self):
-        self.broken: BaseException | None = None
-        self.closed = False
-        self.submit_lock = threading.Lock()   # orders submits against close
-        self.completed = 0
-        self._count_lock = threading.Lock()
-
-    def count(self) -> None:
-        with self._count_lock:
-            self.completed += 1
 
 
 class PipelinedProgram(Program):
@@ -182,13 +78,13 @@ class PipelinedProgram(Program):
         self.depth = depth
         self.lock = NoLock()
         self.stages = stages_of(program.steps)
-        self._state = _State()
-        self._queues = [_Inbox(depth) if k == 0 else queue.Queue(maxsize=depth)
+        self._state = PipelineState()
+        self._queues = [Inbox(depth) if k == 0 else queue.Queue(maxsize=depth)
                         for k in range(len(self.stages))]
         self._threads = []
         for k, stage in enumerate(self.stages):
             out_q = self._queues[k + 1] if k + 1 < len(self.stages) else None
-            t = threading.Thread(target=_worker, name=f"{name}-{k}", daemon=True,
+            t = threading.Thread(target=worker, name=f"{name}-{k}", daemon=True,
                                  args=(stage, self._queues[k], out_q, self.outputs,
                                        program.runner, self._state))
             t.start()
@@ -207,20 +103,20 @@ class PipelinedProgram(Program):
         """
         return self._submit(inputs).future
 
-    def _submit(self, inputs: Sequence[np.ndarray]) -> _Request:
+    def _submit(self, inputs: Sequence[np.ndarray]) -> Request:
         if len(inputs) != len(self.inputs):
             raise InputError(f"the program takes {len(self.inputs)} input(s), got {len(inputs)}")
-        request = _Request(Future(), dict(zip(self.inputs, inputs)))
+        request = Request(Future(), dict(zip(self.inputs, inputs)))
         if not self.stages:      # a model without operators: outputs are inputs
             request.future.set_running_or_notify_cancel()
-            _complete(request, [request.values[t] for t in self.outputs])
+            complete(request, [request.values[t] for t in self.outputs])
             return request
         state = self._state
         with state.submit_lock:       # nothing can follow close's stop sentinel
             while True:
-                _check_usable(state)
+                check_usable(state)
                 try:
-                    self._queues[0].put(request, timeout=_POLL)
+                    self._queues[0].put(request, timeout=POLL)
                     return request
                 except queue.Full:
                     continue
@@ -271,7 +167,7 @@ class PipelinedProgram(Program):
                 return
             state.closed = True
         if self._queues:
-            _put(self._queues[0], _STOP, state)
+            put_item(self._queues[0], STOP, state)
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -292,122 +188,14 @@ class PipelinedProgram(Program):
                 f"{state}>")
 
 
-def _check_usable(state: _State) -> None:
-    if state.broken is not None:
-        raise _broken_error(state)
-    if state.closed:
-        raise InferenceError("the pipeline is closed")
-
-
-def _put(q: queue.Queue | _Inbox, item, state: _State) -> bool:
-    """Put with back-pressure; False when the queue stays full after the pipeline broke."""
-    while True:
-        try:
-            q.put(item, timeout=_POLL)
-            return True
-        except queue.Full:
-            if state.broken is not None:
-                return False
-
-
-def _stop(first: _Inbox | None, state: _State) -> None:
+def _stop(first: Inbox | None, state: PipelineState) -> None:
     """Finalizer of an unreferenced program: stop its workers."""
     state.closed = True
     if first is not None:
         try:
-            first.put_nowait(_STOP)
+            first.put_nowait(STOP)
         except queue.Full:
             pass    # daemon threads: they end with the process
-
-
-def _complete(request: _Request, result: list | None = None,
-              error: BaseException | None = None) -> None:
-    """Set the request's future (first completion wins) and release its waiter."""
-    if request.finished:
-        return
-    request.finished = True
-    request.result, request.error = result, error
-    try:
-        if error is None:
-            request.future.set_result(result)
-        else:
-            request.future.set_exception(error)
-    except InvalidStateError:
-        pass                         # cancelled by its caller meanwhile
-    finally:
-        request.done.release()
-
-
-def _fail(request: _Request, error: BaseException) -> None:
-    _complete(request, error=error)
-
-
-def _run_stage(stage: Stage, values: dict, runner) -> None:
-    run_steps(stage.steps, values, runner)
-
-
-def _worker(stage: Stage, in_q: queue.Queue | _Inbox, out_q: queue.Queue | None,
-            outputs: list[int],
-            runner, state: _State) -> None:
-    request = None
-    try:
-        while True:
-            request = in_q.get()
-            if request is _STOP:
-                if out_q is not None:
-                    _put(out_q, _STOP, state)
-                return
-            if stage.index == 0 and not request.future.set_running_or_notify_cancel():
-                continue                      # cancelled before it started
-            if state.broken is not None:
-                _fail(request, _broken_error(state))
-                continue
-            start = time.perf_counter()
-            try:
-                _run_stage(stage, request.values, runner)
-            except CoralRTError as e:
-                _fail(request, e)
-                continue
-            except Exception as e:  # noqa: BLE001 - reaches the caller, wrapped
-                error = InferenceError(f"pipeline {stage.label} failed: {type(e).__name__}: {e}")
-                error.__cause__ = e
-                _fail(request, error)
-                continue
-            finally:
-                stage.busy_seconds += time.perf_counter() - start
-                stage.requests += 1
-            if out_q is None:
-                values, request.values = request.values, None
-                _complete(request, [values[t] for t in outputs])
-                state.count()
-            elif not _put(out_q, request, state):
-                _fail(request, _broken_error(state))
-            request = None              # the next stage's now
-    except BaseException as e:  # noqa: BLE001 - a dead worker breaks the pipeline
-        state.broken = e
-        log.error("pipeline %s stopped: %s: %s", stage.label, type(e).__name__, e,
-                  exc_info=e)
-        if isinstance(request, _Request):
-            _fail(request, _broken_error(state))
-        _drain(in_q, out_q, state)
-
-
-def _broken_error(state: _State) -> InferenceError:
-    error = InferenceError(f"the pipeline is broken ({type(state.broken).__name__}: "
-                           f"{state.broken}); build the session again")
-    error.__cause__ = state.broken
-    return error
-
-
-def _drain(in_q: queue.Queue | _Inbox, out_q: queue.Queue | None, state: _State) -> None:
-    """A broken stage fails what reaches it, until the stop sentinel."""
-    while True:
-        item = in_q.get()
-        if item is _STOP:
-            if out_q is not None:
-                _put(out_q, _STOP, state)
-            return
-        _fail(item, _broken_error(state))
 
 
 def build_pipelined_program(compiled, *, devices: Sequence, backend, num_threads: int | None = None,

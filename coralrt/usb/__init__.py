@@ -6,7 +6,11 @@ path), loads its firmware if needed, brings the chip up and returns an open
 package is the real driver only: it knows a pyusb backend through pyusb's
 interface plus the optional :class:`~coralrt.usb.extension.BackendExtension`,
 and nothing of the simulated stick (:mod:`coralrt.sim.stick`) that the tests
-run it against.  See docs/usb.md.
+run it against.  ``driver.py`` has :class:`UsbEdgeTpu` (open, reset, close,
+programs) and ``exchange.py`` what one run sends and reads; ``discovery.py``,
+``dfu.py``, ``firmware.py``, ``bringup.py``, ``transport.py``, ``framing.py``,
+``programs.py``, ``transforms.py``, ``lock.py``, ``extension.py``, ``udev.py``
+and ``constants.py`` the rest.  See docs/usb.md.
 
 May import: errors, config, model, tensors, formats, runtime.
 """

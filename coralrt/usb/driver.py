@@ -1,20 +1,20 @@
 """The Coral USB Accelerator as an :class:`~coralrt.runtime.device.EdgeTpuDevice`.
 
-``open`` finds the stick (bounded retries), takes its per-stick lock,
-downloads the firmware if it is in bootloader mode, resets it, claims
-interface 0 and runs the bring-up register sequence.  ``load`` accepts a
-coralrt segment (the coralrt wire protocol, docs/usb.md) or the
-``custom_options`` of an ``edgetpu-custom-op`` (a DWN1 package), unless the
-device cannot execute that kind of program (``ProgramRefusedError``); programs
-are prepared and uploaded on their first run.  ``run`` follows the executable's
-DMA hints in order, after the parameter-caching executable when its token is
-not cached yet.  ``close`` halts the chip, releases the interface, resets
-the port and drops the lock.  Any transfer failure leaves the device unusable
-until it is closed and opened again (which resets the stick) or ``reset()``.
-Any other exception that escapes a request mid-transfer (Ctrl-C, a timeout
-raised in the caller's thread, ...) leaves host and stick out of step: the
-device is marked so, and its next ``run`` resets the stick and brings it up
-again first (``reset()``: the same path as a reopen), so no request ever
+``open`` finds the stick (bounded retries), takes its per-stick lock, downloads
+the firmware if it is in bootloader mode, resets it, claims interface 0 and
+runs the bring-up register sequence.  ``load`` accepts a coralrt segment (the
+coralrt wire protocol, docs/usb.md) or the ``custom_options`` of an
+``edgetpu-custom-op`` (a DWN1 package), unless the device cannot execute that
+kind of program (``ProgramRefusedError``); programs are prepared and uploaded
+on their first run.  ``run`` checks the inputs and hands the request to the
+open stick's :class:`~coralrt.usb.exchange.Exchange` (what goes on the wire,
+and what the stick holds).  ``close`` halts the chip, releases the interface,
+resets the port and drops the lock.  Any transfer failure leaves the device
+unusable until it is closed and opened again (which resets the stick) or
+``reset()``.  Any other exception that escapes a request mid-transfer (Ctrl-C,
+a timeout raised in the caller's thread, ...) leaves host and stick out of
+step: the device is marked so, and its next ``run`` resets the stick and brings
+it up again first (``reset()``: the same path as a reopen), so no request ever
 reads the answer of an earlier one.  A segment the simulated stick cannot load
 or whose computation fails on the given inputs comes back as ``ModelError`` /
 ``InferenceError`` with the stick's reason, and the stick stays usable.
@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 
-import numpy as np
 import usb.core
 import usb.util
 
@@ -39,11 +38,12 @@ from coralrt.formats import segment_codec as seg_codec
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     ConfigError, DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError,
-    DeviceTimeoutError, InferenceError, InputError, ModelError, ProgramRefusedError,
+    DeviceTimeoutError, ProgramRefusedError,
 )
 from coralrt.usb import bringup, dfu, firmware
 from coralrt.usb import constants as C
 from coralrt.usb.discovery import default_backend, select, speed_name
+from coralrt.usb.exchange import Answered, Exchange, executable_inputs, segment_inputs
 from coralrt.usb.extension import LOCK_SCOPES, BackendExtension
 from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
@@ -79,15 +79,6 @@ def _out_of_step(failed) -> bool:
     return failed is not None and not isinstance(failed, DeviceError)
 
 
-class _Answered(Exception):
-    """The stick answered the whole request and said why it could not run it
-    (``error``: a ModelError or InferenceError); host and stick are in step."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
-
-
 class UsbEdgeTpu(EdgeTpuDevice):
     """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb)."""
 
@@ -108,7 +99,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
         self.chip_info: dict = {}
         self._dev = None
         self._t: Transport | None = None
-        self._framer: Framer | None = None
+        self._exchange: Exchange | None = None  # the requests of this open: what the stick holds
         self._lock: DeviceLock | None = None    # None: not open, or lock_scope "process"
         self._ext: BackendExtension | None = None   # the backend's answers, set by open()
         self._address: int | None = None
@@ -117,9 +108,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
         # (see _out_of_step): the next run resets the stick first.
         self._failed: BaseException | _ResetPending | None = None
         self._programs: dict = {}
-        self._on_device: set = set()         # segment keys the stick holds
-        self._cached_token: int | None = None
-        self._cached: set = set()            # parameter-caching programs uploaded
         self._stats = RunStats()
         self._io_lock = threading.RLock()
 
@@ -179,11 +167,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
         self._dev, self._t, self._lock, self.info = dev, t, lock, info
         self._ext, self._address = ext, dev.address
         self.path = info.path
-        self._framer = Framer(t, self.usb_speed)
+        self._exchange = Exchange(Framer(t, self.usb_speed), info.path)  # holds nothing yet
         self._failed = None
-        self._on_device.clear()
-        self._cached.clear()
-        self._cached_token = None
         log.info("%s: open (%s, %s)", self.path, info.port_path or "port unknown", self.usb_speed)
 
     def _find(self, backend):
@@ -226,7 +211,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
         Also finishes a close that an exception interrupted: ``_dev`` and ``_lock``
         are forgotten only once they are released."""
         t, dev = self._t, self._dev
-        self._t = self._framer = None
+        self._t = self._exchange = None
         self._ext = self._address = None
         if t is not None:
             try:
@@ -248,9 +233,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-        self._on_device.clear()
-        self._cached.clear()
-        self._cached_token = None
 
     def reset(self) -> None:
         """Reset the stick and bring it up again, on the same port, as ``close()``
@@ -319,7 +301,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
             raise ProgramRefusedError(f"{self.path}: cannot load {_PROGRAM_NAMES[kind]}: "
                                       f"{reason}", kind=kind, reason=reason, path=self.path)
 
-    def _usable(self) -> Framer:
+    def _usable(self) -> Exchange:
         failed = self._failed
         if failed is not None:
             if isinstance(failed, DeviceError):
@@ -329,9 +311,9 @@ class UsbEdgeTpu(EdgeTpuDevice):
                         "resetting the stick to bring it back in step", self.path,
                         failed if failed is _RESET_PENDING else type(failed).__name__)
             self._resync()
-        if self._framer is None:
+        if self._exchange is None:
             raise DeviceError(f"device {self.path} is not open", path=self.path)
-        return self._framer
+        return self._exchange
 
     def run(self, handle, inputs):
         # Sessions may share a stick: one request at a time on the wire.
@@ -339,7 +321,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
             return self._run(handle, inputs)
 
     def _run(self, handle, inputs):
-        framer = self._usable()
+        wire = self._usable()
         start = time.perf_counter()
         if not handle.prepared:     # loaded while the device was closed: ask now
             self._admit(handle.kind)
@@ -347,16 +329,16 @@ class UsbEdgeTpu(EdgeTpuDevice):
         # The inputs are checked before anything goes on the wire: from the first
         # transfer on, whatever escapes leaves the device failed or out of step.
         if handle.kind == "segment":
-            staged, exchange = self._segment_inputs(handle, inputs), self._run_segment
+            staged, exchange = segment_inputs(handle, inputs), wire.run_segment
         else:
-            staged, exchange = self._executable_inputs(handle, inputs), self._run_executable
+            staged, exchange = executable_inputs(handle, inputs), wire.run_executable
         try:
-            upload, outputs = exchange(framer, handle, staged)
-        except _Answered as a:      # the stick answered in full: in step, still usable
+            upload, outputs = exchange(handle, staged)
+        except Answered as a:       # the stick answered in full: in step, still usable
             raise a.error from None
         except DeviceTimeoutError as e:
             self._failed = e
-            fatal = framer.poll_interrupt(timeout=0.05)
+            fatal = wire.framer.poll_interrupt(timeout=0.05)
             if fatal is not None and fatal & C.FATAL_INTERRUPT_BIT:
                 raise self._fatal(fatal) from e
             raise
@@ -374,12 +356,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
                                parameter_upload_seconds=upload)
         return outputs
 
-    def _reason(self, framer: Framer, length: int) -> str:
-        """The UTF-8 reason that follows an error event with a nonzero length."""
-        buf = np.empty(length, np.uint8)
-        framer.read_output(buf, "the stick's reason")
-        return buf.tobytes().decode("utf-8", "replace")
-
     def _fatal(self, word: int) -> DeviceLostError:
         status = bringup.read_fatal_status(self._t) if self._t is not None else None
         detail = (f"hib_error_status {status[0]:#x}, hib_first_error_status {status[1]:#x}"
@@ -387,124 +363,6 @@ class UsbEdgeTpu(EdgeTpuDevice):
         return DeviceLostError(f"{self.path}: the stick raised a fatal-error interrupt "
                                f"(word {word:#x}; {detail}); close it and open it again, which "
                                f"resets it", path=self.path)
-
-    # -- coralrt segments ---------------------------------------------------------------
-    def _upload_segment(self, framer: Framer, h: SegmentProgram) -> float:
-        start = time.perf_counter()
-        framer.send(C.TAG_PARAMETERS, h.data)
-        _, length, tag = framer.read_event("segment load event")
-        if tag == C.TAG_ERROR and length:
-            raise _Answered(ModelError(
-                f"{self.path}: the stick cannot load this Edge TPU segment: "
-                f"{self._reason(framer, length)}"))
-        if tag != C.TAG_INTERRUPT0:
-            raise DeviceError(f"{self.path}: the stick refused the segment (event tag {tag:#x})",
-                              path=self.path)
-        self._on_device.add(h.key)
-        return time.perf_counter() - start
-
-    @staticmethod
-    def _segment_inputs(h: SegmentProgram, inputs) -> list[np.ndarray]:
-        if len(inputs) != len(h.inputs):
-            raise InputError(f"the segment takes {len(h.inputs)} inputs, got {len(inputs)}")
-        arrays = []
-        for i, (value, (shape, dtype)) in enumerate(zip(inputs, h.inputs)):
-            arr = np.ascontiguousarray(value, dtype=dtype)
-            if arr.size != int(np.prod(shape, dtype=np.int64)):
-                raise InputError(f"segment input {i} has shape {list(arr.shape)}, expected "
-                                 f"{list(shape)}")
-            arrays.append(arr)
-        return arrays
-
-    def _run_segment(self, framer: Framer, h: SegmentProgram, arrays):
-        upload = 0.0
-        for attempt in range(2):
-            if h.key not in self._on_device:
-                upload += self._upload_segment(framer, h)
-            framer.send_prepared(C.TAG_INSTRUCTIONS, h.run_parts, 16)
-            for arr in arrays:
-                framer.send(C.TAG_INPUT, arr)
-            outputs = []
-            refused = False
-            for shape, dtype in h.outputs:
-                buf = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, np.uint8)
-                if not framer.read_output(buf, "segment output", allow_refusal=True):
-                    refused = True
-                    break
-                outputs.append(buf.view(dtype.newbyteorder("<")).reshape(shape))
-            _, length, tag = framer.read_event("segment completion event")
-            if tag == C.TAG_INTERRUPT0 and not refused:
-                return upload, outputs
-            if tag == C.TAG_ERROR and length:   # it ran, and failed on these inputs
-                raise _Answered(InferenceError(
-                    f"{self.path}: the Edge TPU segment failed while running on these "
-                    f"inputs: {self._reason(framer, length)}"))
-            if tag != C.TAG_ERROR or attempt:
-                raise DeviceError(f"{self.path}: segment run failed (event tag {tag:#x})",
-                                  path=self.path)
-            log.info("%s: the stick does not hold the segment; loading it again", self.path)
-            self._on_device.discard(h.key)
-        raise AssertionError("unreachable")
-
-    # -- DWN1 executables ---------------------------------------------------------------
-    @staticmethod
-    def _executable_inputs(h: ExecutableProgram, inputs) -> dict:
-        exe = h.exe
-        if len(inputs) != len(exe.inputs):
-            raise InputError(f"the executable takes {len(exe.inputs)} inputs "
-                             f"({', '.join(x.name for x in exe.inputs)}), got {len(inputs)}")
-        return {s.layer.name: s.stage(v) for s, v in zip(h.stagers, inputs)}
-
-    def _run_executable(self, framer: Framer, h: ExecutableProgram, staged: dict):
-        exe = h.exe
-        token = exe.caching_token
-        if not token or token != self._cached_token:
-            self._cached_token = None
-            self._cached.clear()
-        upload = 0.0
-        if h.cache is not None and h.key not in self._cached:
-            start = time.perf_counter()
-            self._follow_hints(framer, h, h.cache, {}, {})
-            self._cached_token = token
-            self._cached.add(h.key)
-            upload = time.perf_counter() - start
-        self._follow_hints(framer, h, exe, staged, h.raw)
-        return upload, [d.decode(h.raw[d.layer.name]) for d in h.decoders]
-
-    def _follow_hints(self, framer: Framer, h: ExecutableProgram, exe, staged, raw) -> None:
-        parts = h.parts[id(exe)]
-        ended = False
-        for hint in exe.dma_hints:
-            kind = hint.kind
-            ended = kind == "interrupt"
-            if kind == "instruction":
-                framer.send_prepared(C.TAG_INSTRUCTIONS, parts[hint.chunk], hint.size)
-            elif kind == "input":
-                framer.send(C.TAG_INPUT, staged[hint.name][hint.offset:hint.offset + hint.size])
-            elif kind == "parameter":
-                framer.send(C.TAG_PARAMETERS,
-                            exe.parameters[hint.offset:hint.offset + hint.size])
-            elif kind == "output":
-                framer.read_output(raw[hint.name][hint.offset:hint.offset + hint.size],
-                                   f"output {hint.name!r}")
-            elif kind == "scratch":
-                if hint.direction == "outfeed":
-                    framer.read_output(np.empty(hint.size, np.uint8), "scratch")
-                else:
-                    framer.send(C.TAG_INPUT, np.zeros(hint.size, np.uint8))
-            elif kind == "interrupt":
-                self._expect_event(framer, C.TAG_INTERRUPT0 + (hint.interrupt or 0), exe.type)
-        if not ended:
-            self._expect_event(framer, C.TAG_INTERRUPT0, exe.type)
-
-    def _expect_event(self, framer: Framer, want: int, what: str) -> None:
-        _, _, tag = framer.read_event(f"{what} completion event")
-        if tag == C.TAG_ERROR:
-            raise DeviceError(f"{self.path}: {what}: the stick refused the request (error "
-                              f"event, tag 0xf)", path=self.path)
-        if tag != want:
-            raise DeviceError(f"{self.path}: {what}: expected an event with tag {want}, got "
-                              f"{tag:#x}", path=self.path)
 
     @property
     def last_stats(self) -> RunStats:

@@ -1,8 +1,9 @@
 """A simulated Coral USB Accelerator behind pyusb's backend interface.
 
 ``backend.py`` (:class:`SimulatedBackend`, faults), ``stick.py`` (modes,
-control requests, resets), ``dfu.py``, ``registers.py``, ``descriptors.py``
-and ``bulk.py`` (framing, segments, DWN1 streams).  The driver in
+resets, endpoints), ``control.py`` (control requests), ``usb_errors.py`` (the
+errors libusb raises), ``dfu.py``, ``registers.py``, ``descriptors.py`` and
+``bulk.py`` (framing, segments, DWN1 streams).  The driver in
 :mod:`coralrt.usb` talks to it with ordinary pyusb calls and learns what it
 needs beyond pyusb through :class:`coralrt.usb.extension.BackendExtension`.
 

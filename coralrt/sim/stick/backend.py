@@ -10,9 +10,10 @@ libedgetpu open trace, and everything not recorded there (the coralrt
 segment protocol, fault behaviour) is this project's own design.
 
 What a stick does is described in :mod:`coralrt.sim.stick.stick` (modes,
-control requests, resets), :mod:`coralrt.sim.stick.dfu` (DFU 1.1),
-:mod:`coralrt.sim.stick.registers` (register answers replayed from the trace)
-and :mod:`coralrt.sim.stick.bulk` (bulk framing, segments, DWN1 streams).
+resets, endpoints), :mod:`coralrt.sim.stick.control` (control requests),
+:mod:`coralrt.sim.stick.dfu` (DFU 1.1), :mod:`coralrt.sim.stick.registers`
+(register answers replayed from the trace) and :mod:`coralrt.sim.stick.bulk`
+(bulk framing, segments, DWN1 streams).
 
 Every transfer is appended to ``backend.transcript`` as a dict with at least
 ``op``, ``device``, ``register``, ``value``, ``tag`` and ``length``; by default
@@ -52,7 +53,8 @@ from dataclasses import dataclass, field
 import usb.backend
 
 from coralrt.sim.stick.registers import parse_trace
-from coralrt.sim.stick.stick import SimulatedStick, usb_error
+from coralrt.sim.stick.stick import SimulatedStick
+from coralrt.sim.stick.usb_errors import usb_error
 from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
 
 __all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "REFUSES_DWN1"]

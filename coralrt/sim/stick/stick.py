@@ -3,7 +3,8 @@
 A stick starts in bootloader mode (1a6e:089a) or, with firmware already
 loaded, in running mode (18d1:9302).  Control transfers reach the DFU state
 machine (bootloader) or the register file (running, vendor requests of the
-reference §1.5); bulk transfers reach the :class:`~coralrt.sim.stick.bulk.BulkEngine`.
+reference §1.5) through :mod:`coralrt.sim.stick.control`; bulk transfers reach
+the :class:`~coralrt.sim.stick.bulk.BulkEngine`.
 A USB reset after a successful download re-enumerates the stick in running
 mode at a new address (after a delay with the "slow_reenumeration" fault);
 handles opened before then fail with ENODEV, as libusb's do.  A USB reset in
@@ -31,41 +32,21 @@ import threading
 import time
 from collections import deque
 
-import usb.core
-
 from coralrt.sim.stick import descriptors as desc
 from coralrt.usb.constants import (
-    DFU_DETACH, DFU_DNLOAD, DFU_GETSTATE, DFU_GETSTATUS, DFU_OUT, DFU_UPLOAD, EP_EVENT,
-    EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_ERR_INT_STATUS, FATAL_INTERRUPT_BIT,
-    HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE, REQ_REG32, REQ_REG64,
+    EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_ERR_INT_STATUS,
+    FATAL_INTERRUPT_BIT, HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE,
     RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL, TAG_OUTPUT,
 )
 from coralrt.sim.stick.bulk import BulkEngine
-from coralrt.usb.transport import LIBUSB_ERRNO
-from coralrt.sim.stick.dfu import REQUEST_NAMES, DfuMachine, DfuStall
+from coralrt.sim.stick.control import answer_control
+from coralrt.sim.stick.dfu import DfuMachine
 from coralrt.sim.stick.registers import RegisterFile
+from coralrt.sim.stick.usb_errors import usb_error
 
 __all__ = ["SimulatedStick", "usb_error"]
 
 log = logging.getLogger("coralrt.usb")
-
-_LIBUSB_CODE = {e: code for code, e in LIBUSB_ERRNO.items()}   # errno -> libusb code
-_LIBUSB_TEXT = {  # errno -> the message libusb gives
-    errno.ETIMEDOUT: "Operation timed out",
-    errno.EPIPE: "Pipe error",
-    errno.ENODEV: "No such device (it may have been disconnected)",
-    errno.EBUSY: "Resource busy",
-    errno.ENOENT: "Entity not found",
-    errno.EOVERFLOW: "Overflow",
-    errno.EINVAL: "Invalid parameter",
-}
-
-
-def usb_error(code: int, detail: str = "") -> usb.core.USBError:
-    """The exception pyusb's libusb1 backend raises for ``code`` (an errno value)."""
-    lib, text = _LIBUSB_CODE[code], _LIBUSB_TEXT[code]
-    cls = usb.core.USBTimeoutError if code == errno.ETIMEDOUT else usb.core.USBError
-    return cls(f"{text} [simulated: {detail}]" if detail else text, lib, code)
 
 
 class _Cond(threading.Condition):
@@ -266,91 +247,12 @@ class SimulatedStick:
                          dfu_request=kind == 1 and self.mode == "bootloader")
             data_in = bool(rtype & 0x80)
             mv = memoryview(buff).cast("B")
-            if kind == 0:
-                reply = self._standard(rtype, request, value, index, mv)
-            elif kind == 1:
-                reply = self._dfu(rtype, request, value, index, mv)
-            elif kind == 2:
-                reply = self._register(rtype, request, value, index, mv)
-            else:
-                raise usb_error(errno.EPIPE, f"reserved request type {rtype:#x}")
+            reply = answer_control(self, rtype, request, value, index, mv)
             if not data_in:
                 return len(mv)
             n = min(len(reply), len(mv))
             mv[:n] = reply[:n]
             return n
-
-    def _standard(self, rtype, request, value, index, mv) -> bytes:
-        self._record("ctrl", request_type=rtype, request=request, value=value, index=index,
-                     length=len(mv))
-        if rtype == 0x80 and request == 6:           # GET_DESCRIPTOR
-            kind, i = value >> 8, value & 0xFF
-            if kind == 1:
-                return desc.raw_device(self.descriptor())
-            if kind == 2 and i == 0:
-                return desc.raw_configuration(self.config())
-            if kind == 3:
-                serial = f"SIM{self.index:04d}"
-                text = desc.string_descriptor(self.mode, i, serial)
-                if text is not None:
-                    return text
-        elif rtype == 0x80 and request == 0:         # GET_STATUS
-            return b"\0\0"
-        elif rtype == 0x80 and request == 8:         # GET_CONFIGURATION
-            return bytes([self.configuration])
-        elif rtype == 0x00 and request == 9 and value in (0, 1):   # SET_CONFIGURATION
-            self.configuration = value
-            return b""
-        elif rtype in (0x01, 0x02) and request in (1, 11):   # CLEAR_FEATURE, SET_INTERFACE
-            return b""
-        raise usb_error(errno.EPIPE, f"standard request {rtype:#x}/{request} "
-                                     f"wValue={value:#x} is not supported")
-
-    def _dfu(self, rtype, request, value, index, mv) -> bytes:
-        name = REQUEST_NAMES.get(request, str(request))
-        if self.mode == "running":
-            if rtype == DFU_OUT and request == DFU_DETACH:   # from application mode
-                self.detach_pending = True
-                self._record("dfu_detach", value=value)
-                return b""
-            raise usb_error(errno.EPIPE, f"DFU {name} in running mode")
-        data_in = request in (DFU_UPLOAD, DFU_GETSTATUS, DFU_GETSTATE)
-        if (rtype & 0x80) != (0x80 if data_in else 0) or index != 0:
-            self._record(f"dfu_{name}", error="bad direction or interface")
-            raise usb_error(errno.EPIPE, f"DFU {name} with bmRequestType {rtype:#x} "
-                                         f"wIndex {index}")
-        data = bytes(mv) if not rtype & 0x80 else b""
-        try:
-            reply = self.dfu.request(request, value, len(mv), data)
-        except DfuStall as e:
-            self._record(f"dfu_{name}", value=value, length=len(mv), state=self.dfu.state,
-                         error=str(e))
-            raise usb_error(errno.EPIPE, f"DFU: {e}") from None
-        fields = dict(value=value, length=len(mv), state=self.dfu.state,
-                      status=self.dfu.status)
-        if request == DFU_DNLOAD:
-            fields["block"] = value
-        elif request == DFU_UPLOAD:
-            fields["length"] = len(reply)
-        self._record(f"dfu_{name}", **fields)
-        return reply or b""
-
-    def _register(self, rtype, request, value, index, mv) -> bytes:
-        if self.mode != "running":
-            raise usb_error(errno.EPIPE, "register access in bootloader mode")
-        width = {REQ_REG64: 8, REQ_REG32: 4}.get(request)
-        register = (index << 16) | value
-        if width is None or len(mv) != width:
-            raise usb_error(errno.EPIPE, f"vendor request {request} with wLength {len(mv)} "
-                                         f"(registers: bRequest 0 = 8 bytes, 1 = 4 bytes)")
-        if rtype & 0x80:
-            answer = self.registers.read(register) & ((1 << 8 * width) - 1)
-            self._record("read", register=register, value=answer, length=width)
-            return answer.to_bytes(width, "little")
-        word = int.from_bytes(mv, "little")
-        self.registers.write(register, word)
-        self._record("write", register=register, value=word, length=width)
-        return b""
 
     # -- bulk and interrupt --------------------------------------------------------------
 
