@@ -18,7 +18,6 @@ from coralrt.backends import get_backend
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.model import Model, load_model
-from coralrt.model.compiled import compiled_by, plain_sibling
 from coralrt.model.entry import with_entry
 from coralrt.model.types import SignatureDef
 from coralrt.plugins.host import plugin_host
@@ -82,7 +81,6 @@ class InferenceSession:
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         self._backend = get_backend(backend)
-        self._source = model
         # What a signature's own session (another subgraph) is created with.
         self._settings = dict(num_threads=num_threads, backend=backend,
                               cpu_kernels=cpu_kernels, partition_mode=partition_mode,
@@ -90,7 +88,6 @@ class InferenceSession:
                               override_builtins=override_builtins,
                               pipeline_depth=pipeline_depth)
         self._pipelined = isinstance(device, (list, tuple))
-        self._described: Model | None = None
         self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
         self._override = override_builtins
@@ -105,6 +102,9 @@ class InferenceSession:
         prepared = targets.prepare(target, model, options, parsed)
         self.model, self._program = prepared.model, prepared.program
         self.compile_info = prepared.compile_info
+        # The model as given (tensor indices of signatures and coralrt.tflite).
+        self._described = prepared.source_model if prepared.compile_info else self.model
+        self._compiled_from = prepared.source
         # A device list pipelines the Edge TPU segments over the sticks.
         self.devices = prepared.devices
         self.device = self.devices[0] if self.devices else None
@@ -227,14 +227,8 @@ class InferenceSession:
         by it), before any compilation: the tensor indices of its signatures
         and of :mod:`coralrt.tflite` are this model's.  On ``cpu`` and for a
         model compiled by edgetpu_compiler on ``coral`` it is :attr:`model`."""
-        if self._described is None:
-            model = self.model
-            if self.compile_info is not None:     # a JIT result: describe the source
-                model = self._source if isinstance(self._source, Model) \
-                    else load_model(self._source)
-                if compiled_by(model) == "edgetpu_compiler":
-                    model = load_model(plain_sibling(self._source))
-            self._described = model
+        if self._described is None:   # a compile-cache hit parsed nothing: parse it now
+            self._described = load_model(self._compiled_from)
         return self._described
 
     def get_signatures(self) -> dict[str, dict[str, list[str]]]:

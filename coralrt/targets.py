@@ -9,6 +9,7 @@ most once per session, and not at all on a compile-cache hit of ``sim``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class Prepared:
     program: Program
     devices: list[EdgeTpuDevice]
     compile_info: dict | None = None
+    # What was compiled (JIT targets only): the source after the plain model
+    # replaced a compiled one, and its parse when this load made one.
+    source: object = None
+    source_model: Model | None = None
 
 
 def _program(model: Model, devices: list[EdgeTpuDevice], o: Options,
@@ -161,7 +166,8 @@ def prepare_sim(source, o: Options, parsed: Model | None = None) -> Prepared:
         device.open()
         return device
 
-    return _on_devices(jit.model, o, fresh_stick, jit.compile_info)
+    return dataclasses.replace(_on_devices(jit.model, o, fresh_stick, jit.compile_info),
+                               source=source, source_model=parsed)
 
 
 def no_segment_reason(compile_info: dict) -> str:
@@ -201,14 +207,15 @@ def open_stick(device):
 
 def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
     model = parsed or load_model(source)
-    compile_info = None
-    if not model.is_edgetpu_compiled:
-        compiler = o.host.compilers.for_device("usb")
-        if compiler is None:
-            raise CompilerUnavailableError()
-        jit = _jit(source, o, compiler, model)
-        model, compile_info = jit.model, jit.compile_info
-    return _on_devices(model, o, lambda: open_stick(None), compile_info)
+    if model.is_edgetpu_compiled:
+        return _on_devices(model, o, lambda: open_stick(None), None)
+    compiler = o.host.compilers.for_device("usb")
+    if compiler is None:
+        raise CompilerUnavailableError()
+    jit = _jit(source, o, compiler, model)
+    return dataclasses.replace(_on_devices(jit.model, o, lambda: open_stick(None),
+                                           jit.compile_info),
+                               source=source, source_model=model)
 
 
 def choose_auto(source, o: Options) -> tuple[str, Model | None]:

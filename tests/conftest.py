@@ -107,6 +107,17 @@ def run_litert(model_bytes: bytes, inputs: list, kernels: str = "optimized") -> 
     return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
+def litert(path_or_bytes):
+    """LiteRT's own Interpreter for a path or the model's bytes, tensors allocated."""
+    from ai_edge_litert.interpreter import Interpreter
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        interp = Interpreter(model_content=bytes(path_or_bytes))
+    else:
+        interp = Interpreter(model_path=str(path_or_bytes))
+    interp.allocate_tensors()
+    return interp
+
+
 def random_inputs(tensors, seed: int = 0) -> list:
     """Deterministic random data for a list of coralrt ``Tensor``/``TensorInfo``s."""
     import numpy as np

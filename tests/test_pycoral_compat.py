@@ -18,22 +18,13 @@ import time
 import numpy as np
 import pytest
 
-from conftest import shared_image, shared_model
+from conftest import litert, shared_image, shared_model
 from coralrt.pycoral.adapters import classify, common, detect, segment
 from coralrt.pycoral.adapters.classify import Class
 from coralrt.pycoral.adapters.detect import BBox, Object
 from coralrt.pycoral.pipeline import PipelinedModelRunner
 from coralrt.pycoral.utils import dataset, edgetpu
 
-
-def litert(path_or_bytes):
-    from ai_edge_litert.interpreter import Interpreter
-    if isinstance(path_or_bytes, bytes):
-        interp = Interpreter(model_content=path_or_bytes)
-    else:
-        interp = Interpreter(model_path=str(path_or_bytes))
-    interp.allocate_tensors()
-    return interp
 
 
 class FakeInterpreter:

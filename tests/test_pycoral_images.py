@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import shared_image, shared_model
+from conftest import litert, shared_image, shared_model
 from coralrt.pycoral.adapters import classify, common, detect, segment
 from coralrt.pycoral.adapters.detect import BBox, Object
 from coralrt.pycoral.utils import dataset, edgetpu
@@ -29,15 +29,6 @@ EXPECTED_V2 = {"cat": 286, "bird": 20, "grace_hopper": 653, "sunflower": 986}
 # quantized scores are measured within 10 steps of LiteRT's.
 SIM_STEPS = 16
 
-
-def litert(path_or_bytes):
-    from ai_edge_litert.interpreter import Interpreter
-    if isinstance(path_or_bytes, bytes):
-        interp = Interpreter(model_content=path_or_bytes)
-    else:
-        interp = Interpreter(model_path=str(path_or_bytes))
-    interp.allocate_tensors()
-    return interp
 
 
 @pytest.fixture(params=["cpu", "sim"])
