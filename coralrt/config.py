@@ -32,6 +32,29 @@ variable                                meaning
                                         looked up on ``PATH``
 ``CORALRT_EDGETPU_COMPILER_TIMEOUT``    seconds one edgetpu_compiler run may take before
                                         it is stopped (default 180, its own default)
+``CORALRT_X86_EMULATOR``                the x86-64 emulator that runs edgetpu_compiler on
+                                        another machine (ARM): a path, or a name looked
+                                        up on ``PATH`` (``box64``, ``qemu-x86_64``);
+                                        ``none`` forbids emulation; unset: the first of
+                                        box64, qemu-x86_64, qemu-x86_64-static on ``PATH``
+                                        (:mod:`coralrt.compile.emulation`)
+``CORALRT_X86_SYSROOT``                 folder of an x86-64 root file system (its C
+                                        library) that qemu-x86_64 is given with ``-L``;
+                                        unset: qemu's own ``QEMU_LD_PREFIX``, if any
+``CORALRT_COMPILER_URL``                URL of a compile service (``coralrt
+                                        serve-compiler``), e.g.
+                                        ``https://builder:8765``: plain models for
+                                        ``target="coral"`` are compiled there
+                                        (:mod:`coralrt.compile.remote`); unset: the
+                                        local edgetpu_compiler, if any
+``CORALRT_COMPILER_TOKEN``              the service's token (sent as ``Authorization:
+                                        Bearer``); or ``CORALRT_COMPILER_TOKEN_FILE``:
+                                        a file holding it
+``CORALRT_COMPILER_CA``                 a PEM file of certificates to trust for an
+                                        ``https`` service (a self-signed one); unset:
+                                        the system's certificate store
+``CORALRT_COMPILER_URL_TIMEOUT``        seconds a request to the compile service may
+                                        take, compile included (default 240)
 ``CORALRT_RUNTIME_DIR``                 folder of the per-stick lock files (and the pid
                                         of each lock's holder); default: the platform's
                                         user runtime folder for ``coralrt`` (from
@@ -80,12 +103,15 @@ from coralrt.errors import ConfigError
 
 __all__ = [
     "CACHE_DIR", "CACHE", "CACHE_MAX_BYTES", "DEFAULT_CACHE_MAX_BYTES",
-    "cache_dir", "cache_enabled", "cache_max_bytes", "DISABLE_PLUGIN_AUTOLOAD",
+    "cache_dir", "cache_enabled", "cache_max_bytes", "parse_size", "DISABLE_PLUGIN_AUTOLOAD",
     "plugin_autoload", "PLUGINS_STRICT", "plugins_strict", "EDGETPU_COMPILER",
     "EDGETPU_COMPILER_TIMEOUT", "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler",
     "edgetpu_compiler_timeout",
     "RUNTIME_DIR", "runtime_dir", "temp_runtime_dir", "firmware_dir",
     "TARGET", "COMPAT_TARGETS", "compat_target",
+    "COMPILER_URL", "COMPILER_TOKEN", "COMPILER_TOKEN_FILE", "COMPILER_CA",
+    "COMPILER_URL_TIMEOUT", "DEFAULT_COMPILER_URL_TIMEOUT", "compiler_url",
+    "compiler_token", "compiler_ca", "compiler_url_timeout",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
@@ -97,11 +123,18 @@ EDGETPU_COMPILER = "CORALRT_EDGETPU_COMPILER"
 EDGETPU_COMPILER_TIMEOUT = "CORALRT_EDGETPU_COMPILER_TIMEOUT"
 RUNTIME_DIR = "CORALRT_RUNTIME_DIR"
 TARGET = "CORALRT_TARGET"
+COMPILER_URL = "CORALRT_COMPILER_URL"
+COMPILER_TOKEN = "CORALRT_COMPILER_TOKEN"
+COMPILER_TOKEN_FILE = "CORALRT_COMPILER_TOKEN_FILE"
+COMPILER_CA = "CORALRT_COMPILER_CA"
+COMPILER_URL_TIMEOUT = "CORALRT_COMPILER_URL_TIMEOUT"
 
 #: What ``CORALRT_TARGET`` accepts (the session's targets).
 COMPAT_TARGETS = ("cpu", "sim", "coral", "auto")
 
 DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
+# The service's default compile limit (180 s) plus time to upload and answer.
+DEFAULT_COMPILER_URL_TIMEOUT = 240.0
 
 DEFAULT_CACHE_MAX_BYTES = 1 << 30
 
@@ -147,11 +180,20 @@ def cache_max_bytes() -> int:
     value = _get(CACHE_MAX_BYTES)
     if value is None:
         return DEFAULT_CACHE_MAX_BYTES
-    m = _SIZE.fullmatch(value)
-    if m is None:
+    size = parse_size(value)
+    if size is None:
         raise ConfigError(
             f"{CACHE_MAX_BYTES}={value!r} is not a size; give a whole number of bytes, "
             f"optionally with a K, M or G suffix (for example 500M or 2G)")
+    return size
+
+
+def parse_size(value: str) -> int | None:
+    """Bytes of ``"500"``, ``"64K"``, ``"500M"``, ``"2G"`` (also ``MB``, ``MiB``:
+    powers of 1024), or None when ``value`` is not such a size."""
+    m = _SIZE.fullmatch(value.strip())
+    if m is None:
+        return None
     unit = m.group(2).lower() if m.group(2) else None
     return int(m.group(1)) * _UNITS[unit]
 
@@ -209,6 +251,93 @@ def edgetpu_compiler_timeout() -> float:
         raise ConfigError(f"{EDGETPU_COMPILER_TIMEOUT}={value!r} is not a positive number of "
                           f"seconds (for example 180)")
     return seconds
+
+
+# -- edgetpu_compiler under an x86-64 emulator (coralrt.compile.emulation) --------------
+
+__all__ += ["X86_EMULATOR", "X86_SYSROOT", "NO_EMULATOR", "x86_emulator", "x86_sysroot"]
+
+X86_EMULATOR = "CORALRT_X86_EMULATOR"
+X86_SYSROOT = "CORALRT_X86_SYSROOT"
+#: What :func:`x86_emulator` returns for ``CORALRT_X86_EMULATOR=none``.
+NO_EMULATOR = "none"
+
+
+def x86_emulator() -> str | None:
+    """``CORALRT_X86_EMULATOR``: a path or a name of the x86-64 emulator (looked up by
+    :func:`coralrt.compile.emulation.find_emulator`), :data:`NO_EMULATOR` when it is
+    ``none`` (any case), None when unset."""
+    value = _get(X86_EMULATOR)
+    if value is not None and value.lower() == NO_EMULATOR:
+        return NO_EMULATOR
+    return str(Path(value).expanduser()) if value is not None and "/" in value else value
+
+
+def x86_sysroot() -> Path | None:
+    """``CORALRT_X86_SYSROOT``: the x86-64 root folder given to qemu-x86_64 as ``-L``, or None."""
+    value = _get(X86_SYSROOT)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"{X86_SYSROOT}={value!r} is not a folder; point it at an x86-64 "
+                          f"root file system (one holding lib/x86_64-linux-gnu or lib64 with "
+                          f"the C library) or unset it")
+    return path
+
+
+def _seconds(name: str, default: float) -> float:
+    value = _get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"{name}={value!r} is not a positive number of seconds")
+    return seconds
+
+
+def compiler_url() -> str | None:
+    """The compile service's URL (``CORALRT_COMPILER_URL``), or None."""
+    return _get(COMPILER_URL)
+
+
+def compiler_token() -> str | None:
+    """The compile service's token: ``CORALRT_COMPILER_TOKEN``, else the content of
+    the file ``CORALRT_COMPILER_TOKEN_FILE`` names (surrounding whitespace
+    stripped), else None."""
+    token = _get(COMPILER_TOKEN)
+    if token is not None:
+        return token
+    value = _get(COMPILER_TOKEN_FILE)
+    if value is None:
+        return None
+    try:
+        token = Path(value).expanduser().read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{COMPILER_TOKEN_FILE}={value!r}: cannot read the token ({e})") \
+            from None
+    if not token:
+        raise ConfigError(f"{COMPILER_TOKEN_FILE}={value!r} is empty")
+    return token
+
+
+def compiler_ca() -> Path | None:
+    """The certificates to trust for an ``https`` compile service (``CORALRT_COMPILER_CA``)."""
+    value = _get(COMPILER_CA)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{COMPILER_CA}={value!r} is not a file of PEM certificates")
+    return path
+
+
+def compiler_url_timeout() -> float:
+    """Seconds one request to the compile service may take (``CORALRT_COMPILER_URL_TIMEOUT``)."""
+    return _seconds(COMPILER_URL_TIMEOUT, DEFAULT_COMPILER_URL_TIMEOUT)
 
 
 def compat_target() -> str:

@@ -278,6 +278,25 @@ class CompileError(CoralRTError, RuntimeError):
         super().__init__(text)
 
 
+class CompileServiceError(CompileError):
+    """A compile service (``coralrt serve-compiler``) could not be reached, refused
+    the request, failed, or sent an answer that does not verify.
+
+    ``url`` is the service's URL, ``status`` the HTTP status when it answered
+    (None when it could not be reached or did not answer in time) and
+    ``cause`` a short description of what went wrong.
+    """
+
+    def __init__(self, url: str, cause: str, *, status: int | None = None,
+                 log_tail: str = "", returncode: int | None = None,
+                 timeout: float | None = None):
+        self.url = url
+        self.status = status
+        self.cause = cause
+        super().__init__(f"compile service {url}: {cause}", log_tail=log_tail,
+                         returncode=returncode, timeout=timeout)
+
+
 class SegmentNotMapped(CoralRTError):
     """The compiler left some operators of a segment on the CPU.
 
@@ -308,20 +327,33 @@ COMPILER_HELP = (
     "sudo tee /etc/apt/sources.list.d/coral-edgetpu.list\n"
     "  sudo apt-get update && sudo apt-get install edgetpu-compiler\n"
     "or point CORALRT_EDGETPU_COMPILER at an edgetpu_compiler executable.\n"
-    "It does not run on ARM (Raspberry Pi and other ARM boards): there, compile ahead of "
-    "time on an x86-64 Linux machine with `coralrt compile --compiler edgetpu_compiler "
-    "model.tflite` or `edgetpu_compiler -s model.tflite`, copy the resulting "
-    "model_edgetpu.tflite to the device and load that file with target=\"coral\".")
+    "On ARM (Raspberry Pi and other ARM boards) there is no native build; either\n"
+    "  - compile on a compile service: run `coralrt serve-compiler` on an x86-64 machine "
+    "and set CORALRT_COMPILER_URL (docs/compile-service.md),\n"
+    "  - run an x86-64 edgetpu_compiler under box64 or qemu-user "
+    "(docs/install-raspberry-pi.md),\n"
+    "  - import the compiled cache of a machine that compiled the model: `coralrt cache "
+    "export` there, `coralrt cache import` here,\n"
+    "  - or compile ahead of time on x86-64 Linux with `coralrt compile --compiler "
+    "edgetpu_compiler model.tflite` and load the model_edgetpu.tflite it writes with "
+    "target=\"coral\".")
 
 
 class CompilerUnavailableError(TargetUnavailableError):
     """No compiler whose programs run on a real Edge TPU (edgetpu_compiler) is available.
 
-    The message explains how to install edgetpu_compiler, that it does not
-    run on ARM (Raspberry Pi), and how to compile ahead of time elsewhere.
+    The message explains how to install edgetpu_compiler and, for ARM
+    (Raspberry Pi), the other ways: a compile service, emulation, an imported
+    cache, or compiling ahead of time elsewhere.
     """
 
     def __init__(self, message: str | None = None):
         head = message or ("this model is not compiled for the Edge TPU and no compiler whose "
                            "programs run on a real Edge TPU was found.")
         super().__init__(head if COMPILER_HELP in head else f"{head}\n{COMPILER_HELP}")
+
+
+class CacheArchiveError(CoralRTError, ValueError):
+    """A compile cache archive (``coralrt cache export``/``import``) cannot be
+    written or read: not an archive, truncated, an unsafe or unexpected
+    member, an unknown archive or cache format version, or nothing to export."""

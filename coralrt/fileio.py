@@ -2,7 +2,8 @@
 
 :func:`atomic_write` is the one way coralrt replaces a file on disk (compile
 cache entries, the model digest index, the installed firmware, a stick
-lock's pid file, ``coralrt compile`` output).
+lock's pid file, ``coralrt compile`` output; :func:`atomic_write_with` the
+archives of ``coralrt cache export``).
 
 How it works, and what it guarantees:
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import os
 import secrets
 
-__all__ = ["atomic_write", "is_temporary"]
+__all__ = ["atomic_write", "atomic_write_with", "is_temporary"]
 
 # O_CREAT|O_EXCL fails on anything already at the name, a symlink included
 # (POSIX); O_NOFOLLOW is tempfile.mkstemp's belt and braces on top of that.
@@ -87,16 +88,40 @@ def atomic_write(path: str | os.PathLike, data: bytes | bytearray | memoryview |
     if isinstance(data, str):
         data = data.encode(encoding)
     view = memoryview(data).cast("B")
-    target = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(target))
-    fd, tmp = _create_temp(directory, name, mode)
-    try:
+
+    def fill(fd: int) -> None:
+        nonlocal view
         try:
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    _replace(path, fill, mode)
+
+
+def atomic_write_with(path: str | os.PathLike, write, *, mode: int = 0o666) -> None:
+    """Replace ``path`` atomically and durably with what ``write(f)`` writes to the
+    binary file object ``f`` (content too large to hold in memory at once, such
+    as an archive written entry by entry); otherwise as :func:`atomic_write`."""
+    def fill(fd: int) -> None:
+        with os.fdopen(fd, "wb") as f:   # closes fd, also when write() raises
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _replace(path, fill, mode)
+
+
+def _replace(path, fill, mode: int) -> None:
+    """A temporary file next to ``path``, ``fill(fd)`` (which writes, fsyncs and
+    closes it), the rename, the folder's fsync; the temporary removed on failure."""
+    target = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(target))
+    fd, tmp = _create_temp(directory, name, mode)
+    try:
+        fill(fd)
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -39,7 +39,8 @@ class InferenceSession:
     :param model: a path, the model's bytes, or a :class:`coralrt.model.Model`.
     :param target: ``"cpu"`` (whole model on the CPU backend), ``"sim"``
         (simulated Edge TPU), ``"coral"`` (a Coral USB Accelerator; this version
-        runs edgetpu_compiler-compiled models there) or ``"auto"``.
+        runs models compiled by edgetpu_compiler there, and compiles plain ones
+        just in time with edgetpu_compiler or a compile service) or ``"auto"``.
     :param num_threads: CPU backend threads; ``None`` lets the backend choose.
     :param backend: CPU backend name (``"litert"``, ``"tflite_runtime"``);
         ``None`` picks the first installed.
@@ -60,6 +61,10 @@ class InferenceSession:
         operators replace the CPU backend's kernels for those operators.
     :param pipeline_depth: requests queued between pipeline stages when
         ``device`` is a list of sticks.
+    :param compiler_url: a compile service (``coralrt serve-compiler``) that
+        compiles this model's Edge TPU segments for ``coral``, instead of
+        ``CORALRT_COMPILER_URL`` or a local edgetpu_compiler
+        (docs/compile-service.md).
 
     ``compile_info`` is None on the CPU target; otherwise a dict with at least
     ``cache_hit``, ``compile_seconds`` and ``key``.
@@ -77,7 +82,8 @@ class InferenceSession:
     def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
                  backend: str | None = None, cpu_kernels: str = "optimized",
                  partition_mode: str = "multi", cache=None, device=None, plugins=None,
-                 override_builtins: bool = False, pipeline_depth: int = 2):
+                 override_builtins: bool = False, pipeline_depth: int = 2,
+                 compiler_url: str | None = None):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         self._backend = get_backend(backend)
@@ -86,7 +92,7 @@ class InferenceSession:
                               cpu_kernels=cpu_kernels, partition_mode=partition_mode,
                               cache=cache, plugins=plugins,
                               override_builtins=override_builtins,
-                              pipeline_depth=pipeline_depth)
+                              pipeline_depth=pipeline_depth, compiler_url=compiler_url)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
@@ -94,7 +100,8 @@ class InferenceSession:
         options = targets.Options(
             backend=self._backend, host=self._host, num_threads=num_threads,
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
-            device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth)
+            device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth,
+            compiler_url=compiler_url)
         parsed = None
         if target == "auto":
             target, parsed = targets.choose_auto(model, options)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # needs them: the cpu target never does, and they add about 100 ms to
 # `import coralrt`.
 
-__all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick"]
+__all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick", "usb_compiler"]
 
 log = logging.getLogger("coralrt.session")
 
@@ -55,6 +55,7 @@ class Options:
     device: DeviceSpec = None
     override_builtins: bool = False
     pipeline_depth: int = 2    # requests queued between pipeline stages (device lists)
+    compiler_url: str | None = None   # a compile service for coral (else the registry's)
 
 
 @dataclass
@@ -123,6 +124,12 @@ def _jit(source, o: Options, compiler, parsed: Model | None = None) -> JitResult
     return jit_compile(source, mode=o.partition_mode, cache=o.cache, compiler=compiler,
                        rules=host.ops.rules(), rules_fingerprint=host.ops.fingerprint(),
                        events=host.compile_event, parsed=parsed)
+
+
+def _cached_for_usb(source, o: Options) -> JitResult | None:
+    from coralrt.compile.jit import jit_lookup
+    return jit_lookup(source, device_kind="usb", mode=o.partition_mode, cache=o.cache,
+                      rules_fingerprint=o.host.ops.fingerprint())
 
 
 def _devices(o: Options, default) -> tuple[list[EdgeTpuDevice], bool]:
@@ -209,13 +216,26 @@ def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
     model = parsed or load_model(source)
     if model.is_edgetpu_compiled:
         return _on_devices(model, o, lambda: open_stick(None), None)
-    compiler = o.host.compilers.for_device("usb")
-    if compiler is None:
-        raise CompilerUnavailableError()
-    jit = _jit(source, o, compiler, model)
+    # A compile made for real sticks is used before any compiler is asked: a Pi
+    # without one, or whose compile service is down, runs an imported entry.
+    jit = _cached_for_usb(source, o)
+    if jit is None:
+        compiler = usb_compiler(o)
+        if compiler is None:
+            raise CompilerUnavailableError()
+        jit = _jit(source, o, compiler, model)
     return dataclasses.replace(_on_devices(jit.model, o, lambda: open_stick(None),
                                            jit.compile_info),
                                source=source, source_model=model)
+
+
+def usb_compiler(o: Options):
+    """The compiler for a real stick: the session's compile service, else the
+    plugins' (``CORALRT_COMPILER_URL``'s service, else a local edgetpu_compiler)."""
+    if o.compiler_url:
+        from coralrt.compile.remote import RemoteCompiler
+        return RemoteCompiler(o.compiler_url)
+    return o.host.compilers.for_device("usb")
 
 
 def choose_auto(source, o: Options) -> tuple[str, Model | None]:
@@ -236,9 +256,11 @@ def choose_auto(source, o: Options) -> tuple[str, Model | None]:
             raise ModelError(not_on_host(model, source, no_stick=True))
         log.info("target 'auto': running on the CPU (%s)", why)
         return "cpu", model
-    if not model.is_edgetpu_compiled and o.host.compilers.for_device("usb") is None:
+    if not model.is_edgetpu_compiled and usb_compiler(o) is None \
+            and _cached_for_usb(source, o) is None:
         log.info("target 'auto': running on the CPU (a stick is present but the model is not "
-                 "compiled for the Edge TPU and edgetpu_compiler is not available)")
+                 "compiled for the Edge TPU, its compiled form is not in the cache, and no "
+                 "compiler for real sticks is available)")
         return "cpu", model
     log.info("target 'auto': running on the Coral USB Accelerator %s", sticks[0].path)
     return "coral", model

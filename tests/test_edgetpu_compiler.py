@@ -123,8 +123,9 @@ def test_missing_compiler_raises_unavailable(env):
     text = str(info.value)
     assert isinstance(info.value, TargetUnavailableError)
     for needle in ("apt-get install edgetpu-compiler", "x86-64", "Raspberry Pi", "ARM",
-                   "coralrt compile", "edgetpu_compiler -s", "_edgetpu.tflite",
-                   config.EDGETPU_COMPILER):
+                   "coralrt compile", "_edgetpu.tflite", config.EDGETPU_COMPILER,
+                   "coralrt serve-compiler", config.COMPILER_URL, "box64", "qemu-user",
+                   "coralrt cache import"):
         assert needle in text, needle
 
 

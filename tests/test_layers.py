@@ -52,7 +52,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.targets",),                                      # 12
     ("coralrt.session",),                                      # 13
     ("coralrt",),                                              # 14: the facade
-    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite"),     # 15: tflite: tflite_runtime's API
+    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 15: tflite: tflite_runtime's API;
+     "coralrt.server"),                                        #     server: the compile service
     ("coralrt.pycoral",),                                      # 16: pycoral's API over coralrt.tflite
     ("coralrt.compat",),                                       # top: maps tflite_runtime, pycoral
 ]

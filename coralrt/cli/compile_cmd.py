@@ -1,7 +1,19 @@
-"""``coralrt compile MODEL``: compile ahead of time with the native compiler.
+"""``coralrt compile MODEL...``: compile ahead of time.
 
-Writes ``<name>_coralrt.tflite`` (each Edge TPU segment one ``coralrt-segment``
-operator) and ``<name>_coralrt.log`` in the layout of edgetpu_compiler's log.
+With the native compiler (the default), or edgetpu_compiler and one model:
+coralrt partitions the model and compiles every Edge TPU segment; writes
+``<name>_coralrt.tflite`` / ``<name>_edgetpu.tflite`` and a ``.log`` in the
+layout of edgetpu_compiler's log.
+
+``--compiler remote`` / ``--compiler-url URL``: the same with each segment
+compiled by a compile service (``coralrt serve-compiler``; docs/compile-service.md).
+
+With ``--compiler edgetpu_compiler`` and several models, or ``--num-segments``:
+whole-model mode (:mod:`coralrt.compile.whole`): edgetpu_compiler gets the whole
+models in one call and partitions them itself (as partition mode ``compat``);
+several models are co-compiled (they share the stick's parameter cache), and
+``--num-segments N`` runs ``edgetpu_compiler -n N`` and also writes the merged
+model of the N segments.
 """
 
 from __future__ import annotations
@@ -10,10 +22,14 @@ import logging
 from pathlib import Path
 
 from coralrt.cli._text import dumps
-from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.compile.driver import compile_log, compile_model
-from coralrt.compile.partition import MODES
+from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt.compile.partition import MODES, mib
+from coralrt.compile.remote import RemoteCompiler
+from coralrt.compile.whole import compile_whole, output_stem
+from coralrt.errors import ConfigError
 from coralrt.fileio import atomic_write
+from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.model import load_model
 from coralrt.model.compiled import refuse_compiled
 
@@ -26,18 +42,40 @@ def add_parser(sub, parents) -> None:
     p = sub.add_parser(
         "compile", parents=parents, help="compile a model's Edge TPU segments ahead of time",
         description="Partition a plain quantized model and compile every Edge TPU segment "
-                    "with coralrt's native compiler. The output model runs with "
-                    "target='sim'; the log lists every operator's status.")
-    p.add_argument("model", metavar="MODEL", help="path of a plain (not yet compiled) .tflite")
+                    "with coralrt's native compiler (the output runs with target='sim') or "
+                    "edgetpu_compiler (target='coral'). With --compiler edgetpu_compiler, "
+                    "several models are co-compiled in one edgetpu_compiler call (they share "
+                    "the stick's parameter cache; earlier models get priority), and "
+                    "--num-segments N cuts one model into N pipeline segments; in both cases "
+                    "edgetpu_compiler partitions the whole models itself (coralrt's "
+                    "partitioner is not used: the same as --mode compat).")
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="path of a plain (not yet compiled) .tflite; several with "
+                        "--compiler edgetpu_compiler to co-compile them")
     p.add_argument("-o", "--output", metavar="OUT",
-                   help="output .tflite path (default: MODEL's name with _coralrt, in the "
-                        "current directory); the log is written next to it as .log")
-    p.add_argument("--mode", choices=MODES, default="multi",
-                   help="partition mode (default: multi)")
-    p.add_argument("--compiler", choices=("native", "edgetpu_compiler"), default="native",
+                   help="output .tflite path (default: MODEL's name with _coralrt or "
+                        "_edgetpu, in the current directory); the log is written next to it "
+                        "as .log. With several models: the output folder (default: the "
+                        "current directory)")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="partition mode (default: multi); whole-model compiles "
+                        "(several models, --num-segments) are always compat")
+    p.add_argument("--compiler", choices=("native", "edgetpu_compiler", "remote"),
+                   default=None,
                    help="segment compiler: coralrt's native one (programs for target='sim', "
-                        "the default) or edgetpu_compiler (programs for a real Coral stick; "
-                        "the compiler runs on x86-64 Linux only)")
+                        "the default), edgetpu_compiler (programs for a real Coral stick; "
+                        "the compiler runs on x86-64 Linux only) or remote (edgetpu_compiler "
+                        "on a compile service: --compiler-url or CORALRT_COMPILER_URL)")
+    p.add_argument("--compiler-url", metavar="URL",
+                   help="compile each segment on this compile service (coralrt "
+                        "serve-compiler); implies --compiler remote. The token comes from "
+                        "CORALRT_COMPILER_TOKEN or CORALRT_COMPILER_TOKEN_FILE")
+    p.add_argument("--num-segments", type=int, metavar="N", default=None,
+                   help="edgetpu_compiler only, one model: run 'edgetpu_compiler -n N', keep "
+                        "its N files <name>_segment_<i>_of_<N>_edgetpu.tflite (pycoral's "
+                        "pipeline segments) and write <name>_edgetpu.tflite, the segments "
+                        "joined into one model that a session pipelines over a list of "
+                        "sticks; 1 compiles the whole model without -n")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (files written, summary, every operator's "
@@ -46,18 +84,46 @@ def add_parser(sub, parents) -> None:
 
 
 def command(args) -> int:
-    src = Path(args.model)
-    suffix = "_edgetpu" if args.compiler == "edgetpu_compiler" else "_coralrt"
+    if args.compiler_url and args.compiler not in (None, "remote"):
+        raise ConfigError(f"--compiler-url compiles on a compile service: it does not go with "
+                          f"--compiler {args.compiler}")
+    args.compiler = args.compiler or ("remote" if args.compiler_url else "native")
+    models = [Path(m) for m in args.models]
+    args.model = args.models[0] if len(models) == 1 else None  # named in model errors
+    whole = len(models) > 1 or args.num_segments is not None
+    if args.num_segments is not None and args.num_segments < 1:
+        raise ConfigError(f"--num-segments must be at least 1, not {args.num_segments}")
+    if whole and args.compiler != "edgetpu_compiler":
+        what = "co-compilation of several models" if len(models) > 1 else "--num-segments"
+        why = ("a compile service compiles one model per request" if args.compiler == "remote"
+               else "the native compiler compiles one model at a time")
+        raise ConfigError(f"{what} is an edgetpu_compiler feature: use --compiler "
+                          f"edgetpu_compiler on a machine that has it ({why})")
+    if len(models) > 1 and args.num_segments is not None:
+        raise ConfigError("--num-segments takes one model: edgetpu_compiler does not allow "
+                          "-n/--num_segments when several models are co-compiled")
+    if whole:
+        if args.mode not in (None, "compat"):
+            raise ConfigError(f"--mode {args.mode} does not apply: edgetpu_compiler partitions "
+                              f"whole models itself, as --mode compat")
+        return _whole(args, models)
+    return _one(args, models[0], args.mode or "multi")
+
+
+def _one(args, src: Path, mode: str) -> int:
+    suffix = "_coralrt" if args.compiler == "native" else "_edgetpu"
     out = Path(args.output) if args.output else Path.cwd() / f"{src.stem}{suffix}.tflite"
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} exists; pass --force to overwrite it")
     model = load_model(src)
     refuse_compiled(model, str(src))
-    log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), args.mode)
+    log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), mode)
     compiler = None
     if args.compiler == "edgetpu_compiler":
         compiler = EdgeTpuCompiler()  # CompilerUnavailableError names how to get it
-    result = compile_model(model, mode=args.mode, compiler=compiler)
+    elif args.compiler == "remote":
+        compiler = RemoteCompiler(args.compiler_url)  # ConfigError without a URL
+    result = compile_model(model, mode=mode, compiler=compiler)
     data = result.to_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, data)
@@ -74,3 +140,75 @@ def command(args) -> int:
     print(summary.rstrip())
     print(f"Operation log: {log_path}")
     return 0
+
+
+def _whole(args, models: list[Path]) -> int:
+    n = args.num_segments or 1
+    if len(models) > 1:
+        folder = Path(args.output) if args.output else Path.cwd()
+        if folder.suffix == ".tflite" or folder.is_file():
+            raise ConfigError(f"with several models -o names an output folder, not a file "
+                              f"({folder})")
+        outs = [folder / f"{output_stem(m)}_edgetpu.tflite" for m in models]
+    else:
+        outs = [Path(args.output) if args.output
+                else Path.cwd() / f"{output_stem(models[0])}_edgetpu.tflite"]
+    seg_paths = [outs[0].parent / f"{output_stem(models[0])}_segment_{i}_of_{n}_edgetpu.tflite"
+                 for i in range(n)] if n > 1 else []
+    for path in (*outs, *seg_paths):
+        if path.exists() and not args.force:
+            raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+    plains = []
+    for m in models:
+        plain = load_model(m)
+        refuse_compiled(plain, str(m))
+        plains.append(plain)
+    compiler = EdgeTpuCompiler()  # CompilerUnavailableError names how to get it
+    log.info("compiling %d whole model(s) with edgetpu_compiler%s", len(models),
+             f" into {n} segments" if n > 1 else "")
+    run = compile_whole(compiler, models, num_segments=n, plains=plains)
+    written = []
+    for src, out, result, segments in zip(models, outs, run.outputs, run.segments):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        seg_files = []
+        for seg, path in zip(segments, seg_paths):
+            atomic_write(path, seg.data)
+            atomic_write(path.with_suffix(".log"), seg.log)
+            seg_files.append({"output": str(path), "log": str(path.with_suffix(".log")),
+                              "edgetpu_ops": _customs(seg.model),
+                              "operators": len(seg.model.main.operators)})
+        atomic_write(out, result.data)
+        atomic_write(out.with_suffix(".log"), result.log)
+        r = result.report
+        written.append({"input": str(src), "output": str(out), "log": str(out.with_suffix(".log")),
+                        "input_bytes": src.stat().st_size, "output_bytes": len(result.data),
+                        "edgetpu_ops": _customs(result.model),
+                        "operators": len(result.model.main.operators),
+                        "total_ops": r.get("total_ops"), "tpu_ops": r.get("tpu_ops"),
+                        "cpu_ops": r.get("cpu_ops"), "on_chip_bytes": r.get("on_chip_bytes"),
+                        "off_chip_bytes": r.get("off_chip_bytes"), "segments": seg_files})
+    if args.json:
+        print(dumps({"compiler": run.compiler, "mode": "compat", "co_compiled": len(models) > 1,
+                     "num_segments": n, "command": run.command, "outputs": written}))
+        return 0
+    what = (f"{len(models)} models co-compiled in one run" if len(models) > 1
+            else f"whole model, {n} segments" if n > 1 else "whole model")
+    print(f"coralrt compile with {run.compiler} ({what})")
+    for w in written:
+        print(f"\nInput model: {w['input']}")
+        print(f"Output model: {w['output']}")
+        if w["on_chip_bytes"] is not None:
+            print(f"On-chip memory used for caching model parameters: {mib(w['on_chip_bytes'])}")
+        if w["off_chip_bytes"] is not None:
+            print(f"Off-chip memory used for streaming uncached model parameters: "
+                  f"{mib(w['off_chip_bytes'])}")
+        print(f"Number of Edge TPU subgraphs: {w['edgetpu_ops']}")
+        for seg in w["segments"]:
+            print(f"Segment: {seg['output']} ({seg['edgetpu_ops']} Edge TPU subgraph(s), "
+                  f"{seg['operators']} operator(s))")
+        print(f"Operation log: {w['log']}")
+    return 0
+
+
+def _customs(model) -> int:
+    return sum(op.name == EDGETPU_OP for op in model.main.operators)

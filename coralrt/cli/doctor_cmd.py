@@ -9,6 +9,11 @@ command exits 1 when any check fails, 0 otherwise.
 The hidden option ``--simulated N`` takes the sticks from N simulated sticks
 instead of the USB bus (a demonstration and test aid); the other checks look
 at the real machine.
+
+After the checks comes the "compile paths" section
+(:mod:`coralrt.cli.doctor_compile`, ``compile_paths`` in the JSON): how this
+machine can compile plain models (native, emulated, remote, or none).  It is
+information only and never changes the exit status.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from coralrt.cli.devices_cmd import DEV_ROOT, add_simulated_option, device_node, \
     simulated_backend
 from coralrt.cli.doctor_check import STATUSES, Check
+from coralrt.cli.doctor_compile import (compile_paths_report, format_compile_paths,
+                                        probe_service)
 from coralrt.cli.doctor_software import check_cpu_backends, check_edgetpu_compiler, check_python
 from coralrt.errors import CoralRTError, DeviceError
 from coralrt.usb import firmware
@@ -316,8 +323,10 @@ def add_parser(sub, parents) -> None:
         description="Check the libusb library, the connected sticks, their device "
                     "permissions, the udev rule, the firmware, the CPU backends (which are "
                     "installed and usable, and why not), edgetpu_compiler and the Python "
-                    "and NumPy versions, and print the fix for each problem. Exits 1 when a "
-                    "check fails.")
+                    "and NumPy versions, and print the fix for each problem; then list the "
+                    "ways this machine can compile plain models (native, under an x86-64 "
+                    "emulator, a compile service, or none: information only). Exits 1 when "
+                    "a check fails.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_simulated_option(p)
     p.set_defaults(func=command_doctor)
@@ -329,13 +338,17 @@ def command_doctor(args, **overrides) -> int:
         overrides.setdefault("backend", simulated_backend(args.simulated))
     checks = run_checks(simulated=simulated, **overrides)
     failed = any(c.status == "fail" for c in checks)
+    # Information only: no compile path is not a failure (compiled models need none).
+    paths = compile_paths_report(overrides.get("find_compiler"), probe=probe_service)
     if args.json:
         from coralrt.cli._text import dumps
         print(dumps({"ok": not failed, "simulated": simulated,
-                     "checks": [c.to_dict() for c in checks]}))
+                     "checks": [c.to_dict() for c in checks], "compile_paths": paths}))
     else:
         if simulated:
             print(f"sticks from a simulated USB bus with {args.simulated} stick(s) "
                   "(--simulated); the other checks look at this machine\n")
         print(format_checks(checks))
+        print()
+        print(format_compile_paths(paths))
     return 1 if failed else 0

@@ -50,8 +50,9 @@ def check_edgetpu_compiler(find=None, version=None,
                  "needed only to run plain models on a real stick")
         if machine not in ("x86_64", "amd64"):
             return Check("edgetpu_compiler", "info",
-                         f"{found}. It does not run on {machine}: compile ahead of time on "
-                         f"an x86-64 Linux machine and copy the _edgetpu.tflite here")
+                         f"{found}. There is no build for {machine}: see the compile paths "
+                         f"below (a compile service, an x86-64 copy under an emulator, an "
+                         f"imported cache, or compiling ahead of time elsewhere)")
         return Check("edgetpu_compiler", "info",
                      f"{found} (`coralrt compile --compiler edgetpu_compiler` prints how to "
                      f"install it)")
@@ -63,8 +64,11 @@ def check_edgetpu_compiler(find=None, version=None,
     try:
         return Check("edgetpu_compiler", "ok", f"{path}, version {version(path)}")
     except (CoralRTError, OSError) as e:
-        return Check("edgetpu_compiler", "warn", f"{path} does not run: {e}",
-                     "point CORALRT_EDGETPU_COMPILER at a working edgetpu_compiler")
+        # The first line only: CompilerUnavailableError appends the install text.
+        reason = str(e).split("\n", 1)[0]
+        return Check("edgetpu_compiler", "warn", f"{path} does not run: {reason}",
+                     "point CORALRT_EDGETPU_COMPILER at a working edgetpu_compiler, or see "
+                     "the compile paths below")
 
 
 def check_python() -> Check:

@@ -3,9 +3,14 @@
 The Edge TPU operator-support rules (``rules.py``, the table and its
 registry; ``checks.py``, the checks they apply), the partitioner and its
 cost model (``partition.py``, ``costs.py``), the generic compile driver
-(``driver.py``), the native compiler (``native.py``), the edgetpu_compiler plugin (``edgetpu_compiler.py``), the
-on-disk compile cache (``cache.py``; ``cache_format.py``, its keys, records and
-checksums; ``digest.py``) and the just-in-time front (``jit.py``).  Nothing in it is used by the ``cpu`` target.
+(``driver.py``), the segment compilers: the native one (``native.py``),
+edgetpu_compiler (``edgetpu_compiler.py``, run natively or under an x86-64
+emulator, ``emulation.py``; whole-model runs in ``whole.py``) and a compile
+service (``remote.py``); the on-disk compile cache (``cache.py``;
+``cache_format.py``, its keys, records and checksums; ``cache_index.py``,
+its index by source model; ``cache_archive.py``, export and import;
+``digest.py``) and the just-in-time front (``jit.py``).  Nothing in it is
+used by the ``cpu`` target.
 
 May import: errors, config, model, tensors, formats.
 """

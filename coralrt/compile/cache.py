@@ -20,6 +20,15 @@ without the cache.
 Concurrent compiles of one key are serialised by a lock file next to the
 entry, so N processes asking for the same model compile it once.  Errors
 while writing (read-only folder, full disk) cost the cache, never the compile.
+
+Besides the lookup by key, :meth:`CompileCache.newest` finds the newest
+entry built from a source model without knowing its key (a machine with no
+compiler serving an entry compiled elsewhere).  Each :meth:`~CompileCache.put`
+leaves a hint ``<root>/v<format>/by-source/<source[:2]>/<source>/<key>/``
+after the record (:mod:`coralrt.compile.cache_index`); the hints only name
+candidates, each of which is read with the same verification as a lookup by
+key.  :meth:`~CompileCache.entries` lists every verified entry (what
+``coralrt cache export`` ships, :mod:`coralrt.compile.cache_archive`).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from coralrt import config
 from coralrt.compile.cache_format import (CACHE_FORMAT_VERSION, KEY_PATTERN as _KEY, Entry,
                                           canonical_json, check_source, checksum as _checksum,
                                           make_key, new_record)
+from coralrt.compile.cache_index import SourceIndex, record_source
 from coralrt.errors import CacheLockTimeoutError
 from coralrt.fileio import atomic_write, is_temporary
 
@@ -84,6 +94,7 @@ class CompileCache:
         self.enabled = bool(enabled) if enabled is not None else config.cache_enabled()
         self.lock_timeout = lock_timeout
         self.path = self.root / f"v{CACHE_FORMAT_VERSION}"
+        self._index = SourceIndex(self.path)
 
     def __repr__(self) -> str:
         return (f"CompileCache({str(self.root)!r}, max_bytes={self.max_bytes}, "
@@ -111,17 +122,21 @@ class CompileCache:
         found = self._lookup(key, source)
         return None if found is _DENIED else found
 
-    def _lookup(self, key: str, source: str) -> Entry | _Denied | None:
+    def _lookup(self, key: str, source: str, *,
+                keep_foreign: bool = False) -> Entry | _Denied | None:
+        """The verified entry, _DENIED or None.  ``keep_foreign``: an entry
+        whose record names another source is a plain miss, not removed (the
+        question came from an index hint, not from the entry's own key)."""
         _, bin_path, json_path = self._files(key)
         for _ in range(3):
             try:
-                return self._read(key, source, bin_path, json_path)
+                return self._read(key, source, bin_path, json_path, keep_foreign)
             except _Changed:
                 continue  # a writer or an eviction got in between: look again
         return None
 
-    def _read(self, key: str, source: str, bin_path: Path,
-              json_path: Path) -> Entry | _Denied | None:
+    def _read(self, key: str, source: str, bin_path: Path, json_path: Path,
+              keep_foreign: bool = False) -> Entry | _Denied | None:
         try:
             jf = open(json_path, "rb")
         except (FileNotFoundError, NotADirectoryError):
@@ -147,6 +162,8 @@ class CompileCache:
                     foreign = (f"its record names key {meta['key']!r} (an entry copied "
                                f"from another key?)")
                 elif meta["source"] != source:
+                    if keep_foreign:
+                        return None
                     foreign = (f"it was built from the model with SHA-256 "
                                f"{meta['source']!r}, not {source}")
             except (OSError, ValueError, KeyError, RecursionError) as e:
@@ -206,13 +223,20 @@ class CompileCache:
                 log.warning("cannot remove bad cache file %s: %s", p, e)
         return None
 
-    def put(self, key: str, data: bytes, meta: dict, *, source: str) -> Entry:
+    def put(self, key: str, data: bytes, meta: dict, *, source: str,
+            created: float | None = None) -> Entry:
         """Store ``data``, built from the model whose SHA-256 is ``source``, with
-        ``meta`` under ``key``; raises OSError if it cannot be written."""
+        ``meta`` under ``key``; raises OSError if it cannot be written.
+
+        ``created`` (seconds since the epoch, default now) is the build time
+        recorded, which :meth:`newest` orders by: an imported entry keeps the
+        time it was built elsewhere.  The entry is then indexed by source; an
+        error doing so costs the index (logged), never the entry.
+        """
         d, bin_path, json_path = self._files(key)
         check_source(source)
         data = bytes(data)
-        record, data_crc32 = new_record(key, source, data, meta)
+        record, data_crc32 = new_record(key, source, data, meta, created=created)
         text = canonical_json(record)  # before touching the disk: bad meta writes nothing
         if not self.enabled:
             return Entry(data, record, data_crc32)  # nothing is stored
@@ -223,7 +247,44 @@ class CompileCache:
         # files, as tempfile.mkstemp made them before.
         atomic_write(bin_path, data, mode=0o600)
         atomic_write(json_path, text, mode=0o600)
+        self._index.add(source, key)  # after the record: see SourceIndex.drop
         return Entry(data, record, data_crc32)
+
+    def newest(self, source: str, accept: Callable[[dict], bool]) -> Entry | None:
+        """The verified entry built from the model whose SHA-256 is ``source``
+        with the largest ``created`` among those whose record ``accept(meta)``
+        returns True for; None if there is none or the cache is disabled.
+
+        Cost: the entries of that model, not the whole cache (the first call
+        on a cache written before the index existed indexes it once).  Records
+        are read first and the data of candidates only, newest first, until
+        one verifies.  Hints are removed eagerly by :meth:`evict` and
+        :meth:`clear`, and lazily here: a hint whose entry is missing, corrupt
+        (the entry is removed, as :meth:`get` does) or bound to another source
+        is dropped; an entry of another source is left alone.
+        """
+        check_source(source)
+        if not self.enabled:
+            return None
+        if not self._index.is_complete():
+            self._index.rebuild((f.stem, f) for _, files in self._walk([self.path])
+                                for f in files if f.suffix == ".json" and _KEY.fullmatch(f.stem))
+        for key in self._index.candidates(source, accept, lambda k: self._files(k)[2]):
+            found = self._lookup(key, source, keep_foreign=True)
+            if found is None:
+                self._index.drop(source, key, self._files(key)[2])
+            elif isinstance(found, Entry) and accept(found.meta):
+                return found
+        return None
+
+    def entries(self) -> Iterator[Entry]:
+        """Every verified entry of this format, in key order (each read as
+        :meth:`get` reads it: a corrupt entry is logged, removed and skipped)."""
+        for key in sorted(self._scan()):
+            source = record_source(self._files(key)[2])
+            found = self._lookup(key, source) if source is not None else None
+            if isinstance(found, Entry):
+                yield found
 
     def get_or_build(self, key: str, build: Callable[[], tuple[bytes, dict]], *,
                      source: str) -> tuple[Entry, bool]:
@@ -322,8 +383,11 @@ class CompileCache:
             if key == keep:
                 continue
             _, bin_path, json_path = self._files(key)
+            source = record_source(json_path)
             _unlink(json_path)
             _unlink(bin_path)
+            if source is not None:
+                self._index.remove(source, key)
             total -= size
             removed += 1
             log.debug("evicted cache entry %s (%d bytes)", key, size)
@@ -337,9 +401,9 @@ class CompileCache:
                 "max_bytes": self.max_bytes, "format_version": CACHE_FORMAT_VERSION}
 
     def clear(self) -> int:
-        """Remove every entry (of every format version) and leftover temp and lock
-        files; returns the number of entries removed.  Files coralrt did not
-        write are left alone."""
+        """Remove every entry (of every format version), its index hints, and
+        leftover temp and lock files; returns the number of entries removed.
+        Files coralrt did not write are left alone."""
         versions = [v for v in (self.root.iterdir() if self.root.is_dir() else ())
                     if _VERSION_DIR.fullmatch(v.name)]
         removed: set[Path] = set()
@@ -357,6 +421,8 @@ class CompileCache:
                 shard.rmdir()
             except OSError:
                 pass  # not empty: a lock in use, or someone else's file
+        for version in versions:
+            SourceIndex(version).clear()
         return len(removed)
 
     @staticmethod

@@ -20,20 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 import zlib
 from dataclasses import dataclass, field
 
-__all__ = ["CACHE_FORMAT_VERSION", "KEY_PATTERN", "Entry", "canonical_json", "check_source",
-           "checksum", "make_key", "new_record"]
+__all__ = ["CACHE_FORMAT_VERSION", "KEY_PATTERN", "RESERVED", "Entry", "canonical_json",
+           "check_source", "checksum", "make_key", "new_record"]
 
 # 2: entries carry their key and source digest, covered by the CRC-32.  Entries
 # of older formats live in another folder (v1/) and are never read: misses.
 CACHE_FORMAT_VERSION = 2
 
 KEY_PATTERN = re.compile(r"[0-9a-f]{64}")  # a cache key, and a source digest
-_RESERVED = ("key", "source", "size", "crc32", "created", "format")
+# The record fields coralrt sets itself; the caller's metadata may not.
+RESERVED = ("key", "source", "size", "crc32", "created", "format")
 
 
 def canonical_json(obj) -> bytes:
@@ -84,15 +86,26 @@ def check_source(source) -> str:
     return source
 
 
-def new_record(key: str, source: str, data: bytes, meta: dict) -> tuple[dict, int]:
-    """The record of ``data`` stored under ``key``, and the data's own CRC-32."""
-    clash = [k for k in _RESERVED if k in meta]
+def new_record(key: str, source: str, data: bytes, meta: dict, *,
+               created: float | None = None) -> tuple[dict, int]:
+    """The record of ``data`` stored under ``key``, and the data's own CRC-32.
+
+    ``created`` (seconds since the epoch) is when the data was built; default
+    now.  An imported entry keeps its original build time this way.
+    """
+    clash = [k for k in RESERVED if k in meta]
     if clash:
         raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
                          f"records them itself")
+    if created is None:
+        created = time.time()
+    elif (isinstance(created, bool) or not isinstance(created, (int, float))
+          or not math.isfinite(created)):
+        raise ValueError(f"created must be a finite number of seconds since the epoch, "
+                         f"got {created!r}")
     data_crc32 = zlib.crc32(data)
     return {**meta, "key": key, "source": source, "size": len(data),
-            "crc32": checksum(key, source, data_crc32), "created": time.time(),
+            "crc32": checksum(key, source, data_crc32), "created": float(created),
             "format": CACHE_FORMAT_VERSION}, data_crc32
 
 

@@ -13,9 +13,13 @@ compiler leaves operators of the segment on the CPU it raises
 :func:`coralrt.compile.driver.compile_model` moves them to the CPU and
 compiles the rest of the segment again.
 
-edgetpu_compiler is closed source and runs only on x86-64 Linux.  The
+edgetpu_compiler is closed source and built for x86-64 Linux only.  The
 binary is found through ``CORALRT_EDGETPU_COMPILER`` and then ``PATH``
-(:func:`find_compiler`).
+(:func:`find_compiler`).  On another machine (a 64-bit Raspberry Pi) an
+x86-64 binary runs under an emulator, box64 or qemu-x86_64, or through the
+kernel's binfmt_misc: :mod:`coralrt.compile.emulation` decides, and every run
+(``--version`` and compiles) puts its :attr:`EdgeTpuCompiler.command_prefix`
+before the binary.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import errno
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,12 +37,13 @@ from functools import cached_property
 from pathlib import Path
 
 from coralrt import config
+from coralrt.compile import emulation
 from coralrt.compile.rules import MAPPED
 from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.errors import CompileError, CompilerUnavailableError, SegmentNotMapped
 from coralrt.model import Model, load_model
 
-__all__ = ["COMPILER_ID", "EdgeTpuCompiler", "CompiledSegment", "find_compiler",
+__all__ = ["COMPILER_ID", "EdgeTpuCompiler", "CompiledSegment", "find_compiler", "package_of",
            "parse_version", "parse_log"]
 
 log = logging.getLogger("coralrt.compile")
@@ -225,9 +231,10 @@ class EdgeTpuCompiler:
         out, code = self._run([str(path), "--version"], min(self.timeout, 60.0), None)
         version = parse_version(out)
         if code != 0 or version is None:
+            hint = emulation.run_hint(path)
             raise CompileError(f"{path} --version did not print an Edge TPU Compiler "
-                               f"version (exit status {code})", log_tail=_tail(out),
-                               returncode=code)
+                               f"version (exit status {code})" + (f"; {hint}" if hint else ""),
+                               log_tail=_tail(out), returncode=code)
         if key is not None:
             _VERSIONS[key] = version
         return version
@@ -235,14 +242,26 @@ class EdgeTpuCompiler:
     def __repr__(self) -> str:
         return f"EdgeTpuCompiler({str(self._path) if self._path else 'not located'!r})"
 
+    @property
+    def command_prefix(self) -> list[str]:
+        """What runs the binary: ``[]`` (natively, or through binfmt_misc), or the
+        x86-64 emulator (``["box64"]``, ``["qemu-x86_64", "-L", sysroot]``).  Raises
+        CompilerUnavailableError when an x86-64 binary cannot run on this machine
+        (:func:`coralrt.compile.emulation.command_prefix`)."""
+        return emulation.command_prefix(self.path)
+
     def _run(self, cmd: list[str], timeout: float, cwd) -> tuple[str, int]:
+        # cmd starts with the binary; the emulator, if one is needed, goes before it.
+        cmd = [*self.command_prefix, *cmd]
+        log.debug("running %s", shlex.join(cmd))
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
         except OSError as e:
-            hint = (" (the binary is built for x86-64 Linux and does not run on this machine; "
-                    "compile on an x86-64 Linux machine instead)"
-                    if e.errno == errno.ENOEXEC else "")
+            hint = ""
+            if e.errno == errno.ENOEXEC:
+                hint = emulation.run_hint(self.path) or "the binary does not run on this machine"
+                hint = f" ({hint})"
             raise CompileError(f"cannot run {cmd[0]}: {e.strerror or e}{hint}") from e
         try:
             out, _ = proc.communicate(timeout=timeout)
@@ -272,32 +291,37 @@ class EdgeTpuCompiler:
         Raises :class:`SegmentNotMapped` when the compiler left operators on
         the CPU, :class:`CompileError` when it fails or runs past the timeout.
         """
+        compiled, text = self.compile_raw(piece.to_bytes(),
+                                          what=f"a segment of {len(piece.main.operators)} "
+                                               f"operators")
+        return package_of(piece, load_model(compiled), parse_log(text))
+
+    def compile_raw(self, data: bytes, *, what: str = "a model") -> tuple[bytes, str]:
+        """``(the compiled .tflite, the compiler's output and log file)`` for the model
+        ``data``, as edgetpu_compiler writes them; CompileError when it fails, runs
+        past the timeout or writes no output.  (The compile service serves this.)"""
         with tempfile.TemporaryDirectory(prefix="coralrt-edgetpu-") as tmp:
             src = Path(tmp) / "segment.tflite"
-            src.write_bytes(piece.to_bytes())
+            src.write_bytes(data)
             out_dir = Path(tmp) / "out"
             out_dir.mkdir()
             cmd = [str(self.path), "-s", "-o", str(out_dir), *self._timeout_args(),
                    *self.extra_args, str(src)]
-            log.debug("running %s", " ".join(cmd))
             text, code = self._run(cmd, self.timeout, tmp)
             log_file = out_dir / f"{src.stem}_edgetpu.log"
             if log_file.is_file():
                 text += "\n" + log_file.read_text("utf-8", "replace")
             if code != 0:
-                raise CompileError(f"edgetpu_compiler failed on a segment of "
-                                   f"{len(piece.main.operators)} operators (exit status {code})",
+                raise CompileError(f"edgetpu_compiler failed on {what} (exit status {code})",
                                    log_tail=_tail(text), returncode=code)
             compiled_path = out_dir / f"{src.stem}_edgetpu.tflite"
             if not compiled_path.is_file():
                 raise CompileError(f"edgetpu_compiler exited normally but wrote no "
                                    f"{compiled_path.name}", log_tail=_tail(text), returncode=code)
-            compiled = load_model(compiled_path.read_bytes())
-        report = parse_log(text)
-        return _package(piece, compiled, report)
+            return compiled_path.read_bytes(), text
 
 
-def _package(piece: Model, compiled: Model, report: dict) -> CompiledSegment:
+def package_of(piece: Model, compiled: Model, report: dict) -> CompiledSegment:
     """The package of ``compiled`` if it maps all of ``piece``; else SegmentNotMapped."""
     sg, csg = piece.main, compiled.main
     n = len(sg.operators)

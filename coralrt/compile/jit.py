@@ -67,13 +67,8 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     compiler = compiler or NativeCompiler()
     cache = cache if cache is not None else CompileCache()
     model = source if isinstance(source, Model) else parsed
-    if isinstance(source, Model):
-        digest, data = model_digest(source.to_bytes(), None)
-    else:
-        digest, data = model_digest(source, cache.path / "sources" if cache.enabled else None)
-    options = {"mode": mode, "rules": RULES_VERSION}
-    if rules_fingerprint:
-        options["plugin_ops"] = rules_fingerprint
+    digest, data = _digest(source, cache)
+    options = _options(mode, rules_fingerprint)
     emit = events or (lambda **event: None)
     key = make_key(model_sha256=digest, options=options, compiler_id=compiler.id,
                    compiler_version=compiler.version)
@@ -96,7 +91,11 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         log.info("compiled %d Edge TPU segment(s) (%d of %d operators) in %.0f ms",
                  len(result.plan.segments), result.plan.summary["tpu_ops"],
                  len(model.main.operators), 1e3 * (time.perf_counter() - t0))
+        # compiler_id, compiler_version and device_kinds let jit_lookup find the
+        # entry without the compiler (a Pi using an entry compiled elsewhere).
         return out, {"compiler": f"{compiler.id} {compiler.version}", "options": options,
+                     "compiler_id": compiler.id, "compiler_version": compiler.version,
+                     "device_kinds": sorted(getattr(compiler, "runs_on", ())),
                      "build_seconds": time.perf_counter() - t0,
                      "summary": result.plan.summary,
                      "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops]}
@@ -116,7 +115,64 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     if hit:
         log.info("compiled model found in the cache (%s)", key[:12])
         emit(kind="cache_hit", key=key)
-    info = {
+    return JitResult(compiled, _info(entry, hit, start, key, mode, cache))
+
+
+def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
+               rules_fingerprint=None) -> JitResult | None:
+    """The newest cached compile of ``source`` for ``device_kind`` devices, or None.
+
+    No compiler is needed: the entry is found by the source model's SHA-256
+    and the partition options, whichever compiler (and version) built it, as
+    long as its programs run on ``device_kind`` (``"usb"``: a real stick; a
+    local edgetpu_compiler, an emulated one or a compile service).  This is
+    how a machine without a compiler, or whose compile service is down, uses
+    an entry compiled elsewhere (``coralrt cache import``).  The entry is
+    checked as a hit of :func:`jit_compile` is.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
+    start = time.perf_counter()
+    cache = cache if cache is not None else CompileCache()
+    if not cache.enabled:
+        return None
+    digest, _ = _digest(source, cache)
+    options = _options(mode, rules_fingerprint)
+
+    def accept(meta: dict) -> bool:
+        kinds = meta.get("device_kinds")
+        return meta.get("options") == options and isinstance(kinds, list) \
+            and device_kind in kinds
+
+    entry = cache.newest(digest, accept)
+    if entry is None:
+        return None
+    key = entry.meta["key"]
+    compiled = _cached_model(entry, key, cache)
+    if compiled is None:
+        return None
+    log.info("compiled model found in the cache (%s, built by %s)", key[:12],
+             entry.meta.get("compiler"))
+    return JitResult(compiled, _info(entry, True, start, key, mode, cache))
+
+
+def _digest(source, cache: CompileCache) -> tuple[str, bytes | None]:
+    if isinstance(source, Model):
+        return model_digest(source.to_bytes(), None)
+    return model_digest(source, cache.path / "sources" if cache.enabled else None)
+
+
+def _options(mode: str, rules_fingerprint) -> dict:
+    """The partition options that key a compile (with the compiler's id and version)."""
+    options = {"mode": mode, "rules": RULES_VERSION}
+    if rules_fingerprint:
+        options["plugin_ops"] = rules_fingerprint
+    return options
+
+
+def _info(entry: Entry, hit: bool, start: float, key: str, mode: str,
+          cache: CompileCache) -> dict:
+    return {
         "cache_hit": hit,
         "compile_seconds": time.perf_counter() - start,
         "key": key,
@@ -127,7 +183,6 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         "placement": entry.meta.get("placement"),
         "cache_dir": str(cache.path) if cache.enabled else None,
     }
-    return JitResult(compiled, info)
 
 
 def _cached_model(entry: Entry, key: str, cache: CompileCache) -> Model | None:

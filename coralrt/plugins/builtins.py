@@ -23,12 +23,33 @@ log = logging.getLogger("coralrt.plugins")
 def coralrt_register_compilers(registry) -> None:
     from coralrt.compile.native import NativeCompiler
     registry.add(NativeCompiler())
-    _register_edgetpu_compiler(registry)
+    if not _register_remote_compiler(registry):
+        _register_edgetpu_compiler(registry)
+
+
+def _register_remote_compiler(registry) -> bool:
+    """The ``remote`` compiler for ``usb`` sticks when ``CORALRT_COMPILER_URL`` is set
+    (it replaces a local edgetpu_compiler).  Nothing goes over the network here."""
+    from coralrt import config
+    url = config.compiler_url()
+    if url is None:
+        return False
+    from coralrt.compile.remote import RemoteCompiler
+    from coralrt.errors import ConfigError
+    try:
+        compiler = RemoteCompiler(url)
+    except ConfigError as e:
+        raise ConfigError(f"{config.COMPILER_URL}: {e}") from None
+    log.debug("compile service %s registered for usb sticks", url)
+    registry.add(compiler)
+    return True
 
 
 def _register_edgetpu_compiler(registry) -> None:
-    """edgetpu_compiler, for ``usb`` sticks, when a binary is installed (and answers)."""
+    """edgetpu_compiler, for ``usb`` sticks, when a binary is installed and answers
+    (an x86-64 binary on another machine: under an emulator, when one is installed)."""
     from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler, find_compiler
+    from coralrt.errors import COMPILER_HELP
     try:
         path = find_compiler()
     except CoralRTError as e:  # CORALRT_EDGETPU_COMPILER names no executable
@@ -39,11 +60,24 @@ def _register_edgetpu_compiler(registry) -> None:
         return
     compiler = EdgeTpuCompiler(path)
     try:
+        prefix = compiler.command_prefix  # the emulator an x86-64 binary needs on ARM
+    except CoralRTError as e:
+        # An x86-64 binary with no emulator here (its reason, without the generic
+        # install text CompilerUnavailableError appends), or a bad CORALRT_X86_* value.
+        log.warning("edgetpu_compiler at %s not registered: %s", path,
+                    str(e).replace(COMPILER_HELP, "").strip())
+        return
+    try:
         version = compiler.version  # also part of every compile-cache key
     except CoralRTError as e:
         log.warning("edgetpu_compiler at %s not registered: %s", path, e)
         return
-    log.debug("edgetpu_compiler %s at %s registered for usb sticks", version, path)
+    if log.isEnabledFor(logging.DEBUG):
+        from coralrt.compile.emulation import compile_paths
+        local = compile_paths(path)[0]  # says whether binfmt_misc runs it (prefix [])
+        how = "" if local["path"] != "emulated" else \
+            f", emulated through {local['via']} ({' '.join(prefix) or 'the kernel starts it'})"
+        log.debug("edgetpu_compiler %s at %s%s registered for usb sticks", version, path, how)
     registry.add(compiler)
 
 

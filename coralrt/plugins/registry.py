@@ -23,6 +23,7 @@ what they raise names the operator and the plugin.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,11 +245,16 @@ class CompilerRegistry:
 
     def add(self, compiler, *, plugin: str = UNNAMED) -> None:
         """Register ``compiler`` from ``plugin``."""
+        _missing = object()
         for attr in ("id", "version", "runs_on", "compile_segment"):
-            if not hasattr(compiler, attr):
+            # getattr_static: looking must not run a property (see ``version`` below).
+            if inspect.getattr_static(compiler, attr, _missing) is _missing:
                 raise ConfigError(f"compiler {compiler!r} has no {attr!r}")
         _check_name("compiler id", compiler.id)
-        if not isinstance(compiler.version, str):
+        # A version that is a property is asked when a compile first needs it (a
+        # compile service's answers over the network): not at registration.
+        lazy = isinstance(inspect.getattr_static(compiler, "version"), property)
+        if not lazy and not isinstance(compiler.version, str):
             raise ConfigError(f"compiler {compiler.id!r}: version must be a str, not "
                               f"{type(compiler.version).__name__}")
         if not isinstance(compiler.runs_on, (tuple, list, set, frozenset)) or not all(

@@ -25,15 +25,34 @@ sit in the folder named by ``FAKE_EDGETPU_MODELS`` (tests use
   status 0, every operator "Operation is otherwise supported, but not mapped
   due to some unspecified limitation", an output model equal to the input.
 
+Several models in one call (co-compilation) are compiled one after the other,
+each into its own ``<name>_edgetpu.tflite`` and ``.log`` (nothing is shared:
+the stand-in has no parameter cache to share).  ``-n N`` (``--num_segments``)
+takes one model only, as the real compiler (its documentation says the option
+cannot be used with several models): the model's operators, in execution
+order, are cut into N consecutive pieces (hence convex) whose constant
+(parameter) bytes are as close as possible to equal shares, each piece at
+least one operator; piece ``i`` is compiled as above and written as
+``<name>_segment_<i>_of_<N>_edgetpu.tflite`` with its ``.log`` (the naming of
+Coral's pipeline examples, e.g. ``inception_v3_299_quant_segment_0_of_2_edgetpu.tflite``).
+A piece rarely matches a real compiled model, so pieces are mostly written
+plain (all operators on the CPU).  N larger than the number of operators, or
+N < 1, is an error (exit status 1).  How the real compiler balances segments
+is not modelled.
+
 Test switches: ``FAKE_EDGETPU_HANG=1`` prints the header, starts a child and
 sleeps (a compiler that never finishes, for the timeout); ``FAKE_EDGETPU_FAIL=1``
-prints an internal error and exits with status 1.  ``--version`` prints
+prints an internal error and exits with status 1;
+``FAKE_EDGETPU_ARGV_LOG=FILE`` appends every command line it receives (its
+arguments, without the program name, ``--version`` calls included) to FILE as
+one JSON list per line.  ``--version`` prints
 ``Edge TPU Compiler version 16.0.384591198`` as the real compiler 16 does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -170,28 +189,30 @@ def _table(x, statuses) -> list[str]:
         f"{name:<31}{n:<11}{status}" for (name, status), n in rows]
 
 
-def compile_one(src: Path, out_dir: Path, folder: Path | None, show: bool, timeout: int) -> None:
-    from coralrt.model import load_model
-    t0 = time.perf_counter()
-    data = src.read_bytes()
-    model = load_model(data)
+def _compile(model, folder: Path | None):
+    """(covered operators, output model bytes or None for "unchanged", parameter bytes)."""
     x = model.main
-    found = None
     for compiled, plain in (_candidates(folder) if folder and folder.is_dir() else ()):
         found = _match(x, compiled, plain)
         if found is not None:
             e, covered = found
-            out_bytes = _replace(model, e, covered, compiled.main).to_bytes()
             params = sum(x.tensors[t].buffer.nbytes for k in covered
                          for t in set(x.operators[k].inputs)
                          if t >= 0 and x.tensors[t].is_constant)
-            break
-    if found is None:
-        covered, out_bytes, params = set(), data, 0
+            return covered, _replace(model, e, covered, compiled.main).to_bytes(), params
+    return set(), None, 0
+
+
+def _write(src: Path, model, data: bytes, out_stem: str, out_dir: Path, folder: Path | None,
+           show: bool, t0: float) -> None:
+    """Compile ``model`` (read from ``src``, or a piece of it) into ``out_stem``_edgetpu.*."""
+    x = model.main
+    covered, out_bytes, params = _compile(model, folder)
+    if out_bytes is None:
+        out_bytes = data
     statuses = _statuses(x, covered)
-    stem = src.name[:-len(".tflite")] if src.name.endswith(".tflite") else src.name
-    out_path = out_dir / f"{stem}_edgetpu.tflite"
-    log_path = out_dir / f"{stem}_edgetpu.log"
+    out_path = out_dir / f"{out_stem}_edgetpu.tflite"
+    log_path = out_dir / f"{out_stem}_edgetpu.log"
     out_path.write_bytes(out_bytes)
     table = _table(x, statuses)
     log_path.write_text("\n".join([f"Edge TPU Compiler version {VERSION}", f"Input: {src}",
@@ -219,6 +240,65 @@ def compile_one(src: Path, out_dir: Path, folder: Path | None, show: bool, timeo
     print("\n".join(lines))
 
 
+def _stem(src: Path) -> str:
+    return src.name[:-len(".tflite")] if src.name.endswith(".tflite") else src.name
+
+
+def compile_one(src: Path, out_dir: Path, folder: Path | None, show: bool, timeout: int) -> None:
+    from coralrt.model import load_model
+    t0 = time.perf_counter()
+    data = src.read_bytes()
+    _write(src, load_model(data), data, _stem(src), out_dir, folder, show, t0)
+
+
+def _param_bytes(x) -> list[int]:
+    """Constant bytes each operator brings (a constant shared by several counts once)."""
+    seen: set[int] = set()
+    out = []
+    for op in x.operators:
+        n = 0
+        for t in op.inputs:
+            if t >= 0 and t not in seen and x.tensors[t].is_constant:
+                seen.add(t)
+                n += x.tensors[t].nbytes
+        out.append(n)
+    return out
+
+
+def cuts(weights: list[int], n: int) -> list[int]:
+    """Boundaries 0 = b0 < b1 < ... < bn = len(weights) of ``n`` consecutive non-empty
+    pieces whose sums of ``weights`` are as close as possible to equal shares."""
+    total = sum(weights)
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    bounds = [0]
+    for k in range(1, n):
+        lo, hi = bounds[-1] + 1, len(weights) - (n - k)
+        target = total * k / n
+        bounds.append(min(range(lo, hi + 1), key=lambda b: (abs(prefix[b] - target), b)))
+    return bounds + [len(weights)]
+
+
+def compile_segments(src: Path, out_dir: Path, folder: Path | None, show: bool,
+                     n: int) -> int:
+    """``-n N``: N consecutive pieces balanced by parameter bytes, each compiled on its own
+    and written as ``<stem>_segment_<i>_of_<N>_edgetpu.tflite`` (and ``.log``)."""
+    from coralrt.model import load_model
+    t0 = time.perf_counter()
+    model = load_model(src.read_bytes())
+    ops = len(model.main.operators)
+    if n > ops:
+        print(f"ERROR: cannot cut a model of {ops} operators into {n} segments.")
+        return 1
+    bounds = cuts(_param_bytes(model.main), n)
+    for i in range(n):
+        piece = model.extract(range(bounds[i], bounds[i + 1]))
+        _write(src, piece, piece.to_bytes(), f"{_stem(src)}_segment_{i}_of_{n}", out_dir,
+               folder, show, t0)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="edgetpu_compiler", add_help=True)
     p.add_argument("models", nargs="*")
@@ -228,16 +308,26 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--timeout_sec", type=int, default=180)
     p.add_argument("-m", "--min_runtime_version", type=int, default=14)
     p.add_argument("-i", "--intermediate_tensors", default=None)
-    p.add_argument("-n", "--num_segments", type=int, default=1)
+    p.add_argument("-n", "--num_segments", type=int, default=None)
     p.add_argument("-d", "--search_delegate", action="store_true")
     p.add_argument("-k", "--delegate_search_step", type=int, default=1)
     p.add_argument("-a", "--enable_multiple_subgraphs", action="store_true")
+    argv_log = os.environ.get("FAKE_EDGETPU_ARGV_LOG")
+    if argv_log:
+        with open(argv_log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(list(sys.argv[1:] if argv is None else argv)) + "\n")
     args = p.parse_args(argv)
     print(f"Edge TPU Compiler version {VERSION}", flush=True)
     if args.version:
         return 0
     if not args.models:
         print("ERROR: no model given. Usage: edgetpu_compiler [options] model...")
+        return 1
+    if args.num_segments is not None and args.num_segments < 1:
+        print(f"ERROR: --num_segments must be at least 1, not {args.num_segments}.")
+        return 1
+    if args.num_segments is not None and len(args.models) > 1:
+        print("ERROR: --num_segments cannot be used when passing multiple models.")
         return 1
     print(f"Started a compilation timeout timer of {args.timeout_sec} seconds.", flush=True)
     if os.environ.get("FAKE_EDGETPU_HANG") == "1":
@@ -255,9 +345,13 @@ def main(argv=None) -> int:
     folder = os.environ.get("FAKE_EDGETPU_MODELS")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for m in args.models:
-        compile_one(Path(m), out_dir, Path(folder) if folder else None, args.show_operations,
-                    args.timeout_sec)
+    models = Path(folder) if folder else None
+    if args.num_segments is not None:
+        if compile_segments(Path(args.models[0]), out_dir, models, args.show_operations,
+                            args.num_segments):
+            return 1
+    for m in args.models if args.num_segments is None else ():
+        compile_one(Path(m), out_dir, models, args.show_operations, args.timeout_sec)
     print("Compilation child process completed within timeout period.")
     print("Compilation succeeded! ")
     return 0
