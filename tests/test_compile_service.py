@@ -482,3 +482,17 @@ def test_doctor_reports_what_the_service_answers(tmp_path, monkeypatch, capsys):
         assert f"answers with edgetpu_compiler {VERSION}" in remote["detail"]
     main(["doctor"])
     assert f"{url} (not usable: cannot connect: connection refused" in capsys.readouterr().out
+
+
+def test_an_oversized_chunked_upload_is_refused_without_a_length(tmp_path):
+    with service(tmp_path, max_upload_bytes=4096) as (url, _svc, compiler):
+        host, port = url.split("://")[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            conn.request("POST", "/compile", body=iter([b"\0" * 3000] * 3),
+                         encode_chunked=True)
+            r = conn.getresponse()
+            assert r.status == 413 and "limit of 4096" in json.loads(r.read())["error"]
+        finally:
+            conn.close()
+        assert _request(url, "GET", "/health")[0] == 200 and compile_calls(compiler) == []

@@ -8,7 +8,8 @@ edgetpu_compiler (``edgetpu_compiler.py``, run natively or under an x86-64
 emulator, ``emulation.py``; whole-model runs in ``whole.py``) and a compile
 service (``remote.py``); the on-disk compile cache (``cache.py``;
 ``cache_format.py``, its keys, records and checksums; ``cache_index.py``,
-its index by source model; ``cache_archive.py``, export and import;
+its index by source model; ``cache_upkeep.py``, eviction and clearing;
+``cache_archive.py``, export and import;
 ``digest.py``) and the just-in-time front (``jit.py``).  Nothing in it is
 used by the ``cpu`` target.
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -47,16 +46,15 @@ from coralrt import config
 from coralrt.compile.cache_format import (CACHE_FORMAT_VERSION, KEY_PATTERN as _KEY, Entry,
                                           canonical_json, check_source, checksum as _checksum,
                                           make_key, new_record)
+from coralrt.compile import cache_upkeep
 from coralrt.compile.cache_index import SourceIndex, record_source
 from coralrt.errors import CacheLockTimeoutError
-from coralrt.fileio import atomic_write, is_temporary
+from coralrt.fileio import atomic_write
 
 __all__ = ["CACHE_FORMAT_VERSION", "Entry", "CompileCache", "make_key"]
 
 log = logging.getLogger("coralrt.cache")
 
-_VERSION_DIR = re.compile(r"v\d+")
-_SHARD_DIR = re.compile(r"[0-9a-f]{2}")
 
 
 class _Changed(Exception):
@@ -70,12 +68,7 @@ class _Denied:
 _DENIED = _Denied()
 
 
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
+_unlink = cache_upkeep.unlink
 
 
 class CompileCache:
@@ -343,30 +336,14 @@ class CompileCache:
             log.warning("cannot evict from compile cache %s: %s", self.path, e)
         return entry, False
 
+    # Upkeep (sizes, eviction, clearing): coralrt/compile/cache_upkeep.py.
+
     def _walk(self, versions: list[Path]) -> Iterator[tuple[Path, list[Path]]]:
-        """``(shard folder, its files)`` under the given version folders; only
-        names coralrt writes, so a cache folder shared with other files is safe."""
-        for version in versions:
-            shards = version.iterdir() if version.is_dir() else ()
-            for shard in shards:
-                if _SHARD_DIR.fullmatch(shard.name) and shard.is_dir():
-                    yield shard, list(shard.iterdir())
+        return cache_upkeep.walk(versions)
 
     def _scan(self) -> dict[str, tuple[int, float]]:
         """``key -> (bytes on disk, last use)`` for every entry of this format."""
-        found: dict[str, tuple[int, float]] = {}
-        for _, files in self._walk([self.path]):
-            for f in files:
-                if f.suffix in (".bin", ".json") and _KEY.fullmatch(f.stem):
-                    try:
-                        st = f.stat()
-                    except FileNotFoundError:
-                        continue
-                    size, used = found.get(f.stem, (0, 0.0))
-                    # The .bin's mtime is the LRU clock; a lone .json counts by its own.
-                    used = st.st_mtime if f.suffix == ".bin" or not used else used
-                    found[f.stem] = (size + st.st_size, used)
-        return found
+        return cache_upkeep.scan(self.path)
 
     def evict(self, *, keep: str | None = None) -> int:
         """Remove least recently used entries until the cache fits ``max_bytes``.
@@ -374,24 +351,7 @@ class CompileCache:
         ``keep`` (the entry just written) is never removed.  Returns the
         number of entries removed.
         """
-        entries = self._scan()
-        total = sum(size for size, _ in entries.values())
-        removed = 0
-        for key, (size, _) in sorted(entries.items(), key=lambda kv: kv[1][1]):
-            if total <= self.max_bytes:
-                break
-            if key == keep:
-                continue
-            _, bin_path, json_path = self._files(key)
-            source = record_source(json_path)
-            _unlink(json_path)
-            _unlink(bin_path)
-            if source is not None:
-                self._index.remove(source, key)
-            total -= size
-            removed += 1
-            log.debug("evicted cache entry %s (%d bytes)", key, size)
-        return removed
+        return cache_upkeep.evict(self, keep)
 
     def info(self) -> dict:
         """What ``coralrt cache info`` reports."""
@@ -404,35 +364,4 @@ class CompileCache:
         """Remove every entry (of every format version), its index hints, and
         leftover temp and lock files; returns the number of entries removed.
         Files coralrt did not write are left alone."""
-        versions = [v for v in (self.root.iterdir() if self.root.is_dir() else ())
-                    if _VERSION_DIR.fullmatch(v.name)]
-        removed: set[Path] = set()
-        for shard, files in self._walk(versions):
-            for f in files:
-                keyed = _KEY.fullmatch(f.stem)
-                if keyed and f.suffix in (".bin", ".json"):
-                    if _unlink(f):
-                        removed.add(f.with_suffix(""))
-                elif is_temporary(f.name):
-                    _unlink(f)
-                elif keyed and f.suffix == ".lock":
-                    self._remove_idle_lock(f)
-            try:
-                shard.rmdir()
-            except OSError:
-                pass  # not empty: a lock in use, or someone else's file
-        for version in versions:
-            SourceIndex(version).clear()
-        return len(removed)
-
-    @staticmethod
-    def _remove_idle_lock(path: Path) -> None:
-        lock = FileLock(path, timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            return  # a compile is running: its lock stays
-        try:
-            _unlink(path)
-        finally:
-            lock.release()
+        return cache_upkeep.clear(self.root)
