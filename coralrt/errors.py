@@ -357,3 +357,34 @@ class CacheArchiveError(CoralRTError, ValueError):
     """A compile cache archive (``coralrt cache export``/``import``) cannot be
     written or read: not an archive, truncated, an unsafe or unexpected
     member, an unknown archive or cache format version, or nothing to export."""
+
+
+class QueueFullError(CoralRTError, RuntimeError):
+    """``InferenceSession.submit`` found the session's request queue full.
+
+    Raised at once with ``block=False``, or when ``timeout`` seconds passed
+    without room.  A ``RuntimeError`` like ``queue.Full``'s use: nothing
+    failed, the caller is ahead of the device; wait for some futures, or
+    create the session with a larger ``max_pending``.  ``max_pending`` is the
+    queue's length.
+    """
+
+    def __init__(self, message: str, *, max_pending: int | None = None):
+        self.max_pending = max_pending
+        super().__init__(message)
+
+
+class InferenceTimeoutError(CoralRTError, TimeoutError):
+    """``InferenceSession.run(..., timeout=...)`` waited longer than ``timeout`` seconds.
+
+    The late result is discarded; a stick the request was interrupted on is
+    reset before its next request (docs/reliability.md, "Run timeouts").
+    """
+
+    def __init__(self, message: str, *, timeout: float | None = None):
+        self.timeout = timeout
+        super().__init__(message)
+
+
+class SessionClosedError(InferenceError):
+    """``run`` or ``submit`` on an :class:`~coralrt.InferenceSession` that was closed."""

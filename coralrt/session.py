@@ -21,7 +21,9 @@ from coralrt.model import Model, load_model
 from coralrt.model.entry import with_entry
 from coralrt.model.types import SignatureDef
 from coralrt.plugins.host import plugin_host
-from coralrt.runtime.program import completed
+from coralrt.runtime.feeds import order_feed, pick, unique_names
+from coralrt.runtime.replicate import check_strategy
+from coralrt.runtime.worker import Requests, check_max_pending
 from coralrt.tensors import TensorInfo, check_input, tensor_infos
 
 __all__ = ["InferenceSession", "TARGETS"]
@@ -52,9 +54,16 @@ class InferenceSession:
         the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
     :param device: the stick(s) for the Edge TPU steps: an open
         :class:`coralrt.runtime.device.EdgeTpuDevice`, a path ("usb:0", ":1",
-        a port path) or a list of those to pipeline the segments over several
-        sticks; ``None``: a simulated stick for ``sim``, the first stick found
-        for ``coral``.
+        a port path) or a list of those (see ``strategy``); ``None``: a
+        simulated stick for ``sim``, the first stick found for ``coral``.
+    :param strategy: how a list of sticks is used: ``"replicate"`` (the whole
+        program on every stick, each request on one free stick: throughput),
+        ``"pipeline"`` (segment *i* on stick *i mod n*, as stages), or
+        ``None``: replicate when the compiled model has exactly one Edge TPU
+        segment, pipeline otherwise.  Ignored for a single device
+        (docs/multi-stick.md).
+    :param max_pending: requests :meth:`submit` queues before it blocks (or
+        raises :class:`~coralrt.errors.QueueFullError`); default 4.
     :param plugins: plugin objects to register for this session, in addition
         to coralrt's built-ins and the installed ``coralrt`` entry points.
     :param override_builtins: let plugin CPU kernels registered for builtin
@@ -73,8 +82,10 @@ class InferenceSession:
     :class:`~coralrt.errors.UnsupportedOperatorError` for operators nothing
     provides.  ``run`` is safe to call from several threads; calls are
     serialized per session, except with ``device=[...]`` (several sticks),
-    where the Edge TPU segments are pipelined over the sticks and concurrent
-    callers overlap (see docs/multi-stick.md).  A run interrupted in the
+    where concurrent callers overlap on the sticks (see docs/multi-stick.md).
+    :meth:`submit` queues the request for the session's worker thread(s) and
+    returns at once; :meth:`close` (or leaving a ``with`` block) stops them.
+    A run interrupted in the
     middle of a transfer (Ctrl-C included) never makes a later run wrong: the
     stick is reset before the next one (see :meth:`reset` and docs/usb.md).
     """
@@ -83,16 +94,20 @@ class InferenceSession:
                  backend: str | None = None, cpu_kernels: str = "optimized",
                  partition_mode: str = "multi", cache=None, device=None, plugins=None,
                  override_builtins: bool = False, pipeline_depth: int = 2,
-                 compiler_url: str | None = None):
+                 compiler_url: str | None = None, strategy: str | None = None,
+                 max_pending: int = 4):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        check_strategy(strategy)
+        check_max_pending(max_pending)
         self._backend = get_backend(backend)
         # What a signature's own session (another subgraph) is created with.
         self._settings = dict(num_threads=num_threads, backend=backend,
                               cpu_kernels=cpu_kernels, partition_mode=partition_mode,
                               cache=cache, plugins=plugins,
                               override_builtins=override_builtins,
-                              pipeline_depth=pipeline_depth, compiler_url=compiler_url)
+                              pipeline_depth=pipeline_depth, compiler_url=compiler_url,
+                              strategy=strategy, max_pending=max_pending)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
@@ -101,7 +116,7 @@ class InferenceSession:
             backend=self._backend, host=self._host, num_threads=num_threads,
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
             device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth,
-            compiler_url=compiler_url)
+            compiler_url=compiler_url, strategy=strategy, max_pending=max_pending)
         parsed = None
         if target == "auto":
             target, parsed = targets.choose_auto(model, options)
@@ -121,13 +136,22 @@ class InferenceSession:
         self._inputs = [TensorInfo.from_tensor(sg.tensors[i], i) for i in sg.inputs]
         self._outputs = tensor_infos(sg, sg.outputs)   # custom op shapes filled in
         self._input_names = [t.name for t in self._inputs]
-        self._output_names = _unique([t.name for t in self._outputs])
+        self._output_names = unique_names([t.name for t in self._outputs])
         self._input_pos = {n: i for i, n in enumerate(self._input_names)}
         self._output_pos = {n: i for i, n in enumerate(self._output_names)}
-        self._dynamic = any(-1 in t.shape_signature for t in self._inputs)
-        self._shapes = [t.shape for t in self._inputs]
+        self._requests = Requests(self._program, self._output_names, owner=self,
+                                  dynamic=any(-1 in t.shape_signature for t in self._inputs),
+                                  shapes=[t.shape for t in self._inputs],
+                                  max_pending=max_pending)
         log.debug("session ready on %s: %d inputs, %d outputs, backend %s", target,
                   len(self._inputs), len(self._outputs), self._backend.name)
+
+    def stats(self) -> dict:
+        """Counters of a session over several sticks: requests per stick and the
+        sticks set aside (``strategy="replicate"``), or completed requests and
+        each stage's busy seconds (``"pipeline"``); ``{}`` on one stick or the CPU."""
+        stats = getattr(self._program, "stats", None)
+        return stats() if callable(stats) else {}
 
     def profile(self) -> list[dict]:
         """Per step of the last ``run``: kind ("tpu"/"cpu"/"plugin"), label, host
@@ -161,7 +185,8 @@ class InferenceSession:
     # -- running ----------------------------------------------------------------
 
     def run(self, inputs, feed=_NO_FEED, run_options=None, *,
-            outputs: Sequence[str] | None = None, signature: str | None = None):
+            outputs: Sequence[str] | None = None, signature: str | None = None,
+            timeout: float | None = None):
         """Run once.  Two forms, told apart by the number of positional arguments:
 
         * ``run(inputs, outputs=None)`` (coralrt's): returns ``{output name:
@@ -189,13 +214,21 @@ class InferenceSession:
         value fits.  A wrong dtype or shape, a value that does not fit, and
         ``None`` (alone or inside a list) raise
         :class:`~coralrt.errors.InputError` naming the input.
+
+        ``timeout`` (seconds, None: no limit) bounds the wait, queueing behind
+        submitted requests included: past it, the result is discarded, the
+        request is interrupted (a stick left in the middle of a transfer is
+        reset before its next request, docs/reliability.md) and
+        :class:`~coralrt.errors.InferenceTimeoutError` is raised; the session
+        stays usable.  After :meth:`close`, raises
+        :class:`~coralrt.errors.SessionClosedError`.
         """
         if feed is _NO_FEED:
             if inputs is None:
                 raise InputError("inputs must be a dict by name, a list in input order or a "
                                  "numpy array, got None (onnxruntime's form takes the feed "
                                  "second: run(None, feed))")
-            return self._run(inputs, outputs, signature)
+            return self._run(inputs, outputs, signature, timeout)
         if outputs is not None:
             raise InputError("run(output_names, feed) (onnxruntime's form) names the outputs "
                              "in its first argument; do not also pass outputs=")
@@ -207,24 +240,15 @@ class InferenceSession:
                                    or not all(isinstance(n, str) for n in inputs)):
             raise InputError(f"run(output_names, feed): output_names must be None or a list "
                              f"of output names, got {type(inputs).__name__}")
-        result = self._run(feed, None if inputs is None else list(inputs), signature)
+        result = self._run(feed, None if inputs is None else list(inputs), signature, timeout)
         return list(result.values())
 
-    def _run(self, inputs, outputs, signature) -> dict[str, np.ndarray]:
+    def _run(self, inputs, outputs, signature, timeout=None) -> dict[str, np.ndarray]:
         if signature is not None:
-            return self._run_signature(signature, inputs, outputs)
+            return self._run_signature(signature, inputs, outputs, timeout)
         arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
-        program = self._program
-        with program.lock:
-            if self._dynamic:
-                shapes = [a.shape for a in arrays]
-                if shapes != self._shapes:
-                    program.resize_inputs(shapes)
-                    self._shapes = shapes
-            results = program.run(arrays)
-        if outputs is None:
-            return dict(zip(self._output_names, results))
-        return _pick(dict(zip(self._output_names, results)), outputs, self._output_names)
+        results = self._requests.run(arrays, timeout)
+        return results if outputs is None else pick(results, outputs, self._output_names)
 
     # -- signatures -------------------------------------------------------------
 
@@ -265,7 +289,7 @@ class InferenceSession:
             self._signature_sessions[key] = session
         return session, dataclasses.replace(sig, subgraph_index=0)
 
-    def _run_signature(self, key: str, inputs, outputs) -> dict[str, np.ndarray]:
+    def _run_signature(self, key: str, inputs, outputs, timeout=None) -> dict[str, np.ndarray]:
         session, sig = self.signature_session(key)
         main = session.source_model.main
         in_pos = {t: p for p, t in enumerate(main.inputs)}
@@ -292,30 +316,26 @@ class InferenceSession:
             raise InputError(f"signature {key!r} takes {names}: pass a dict by those names "
                              f"or a list in that order")
         feed = {session._input_names[in_pos[sig.inputs[n]]]: v for n, v in zip(names, values)}
-        result = list(session._run(feed, None, None).values())
+        result = list(session._run(feed, None, None, timeout).values())
         got = {n: result[out_pos[t]] for n, t in sig.outputs.items()}
-        return got if outputs is None else _pick(got, outputs, list(sig.outputs))
+        return got if outputs is None else pick(got, outputs, list(sig.outputs))
 
-    def submit(self, inputs):
+    def submit(self, inputs, *, block: bool = True, timeout: float | None = None) -> Future:
         """Like :meth:`run`, without waiting: a ``concurrent.futures.Future`` of
-        ``{output name: array}``.  Pipelined sessions (``device=[...]``) overlap
-        submitted requests; other sessions run the request before returning."""
-        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
-        names = self._output_names
-        if self._dynamic:    # resizing and running must stay one atomic pair
-            return completed(lambda: self.run(arrays))
-        inner = self._program.submit(arrays)
-        outer: Future = Future()
-        outer.set_running_or_notify_cancel()
+        ``{output name: array}``, returned at once.
 
-        def done(f):
-            error = f.exception()
-            if error is not None:
-                outer.set_exception(error)
-            else:
-                outer.set_result(dict(zip(names, f.result())))
-        inner.add_done_callback(done)
-        return outer
+        The inputs are checked here (InputError at once); the request joins a
+        queue of ``max_pending`` that the session's worker thread (one per
+        stick with ``strategy="replicate"``; a pipeline's stages otherwise)
+        serves in order, so the caller prepares the next frame while this one
+        runs.  A full queue blocks the caller up to ``timeout`` seconds
+        (None: as long as it takes); ``block=False``, or the timeout expiring,
+        raises :class:`~coralrt.errors.QueueFullError`.  Each future holds
+        arrays of its own, never buffers a later request reuses.  Keep the
+        arrays passed in unchanged until the future is done.
+        """
+        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
+        return self._requests.submit(arrays, block=block, timeout=timeout)
 
     def reset(self) -> None:
         """Bring every stick of this session back in step with the host: reset it
@@ -334,11 +354,16 @@ class InferenceSession:
         with self._program.lock:        # not in the middle of this session's run
             for device in self.devices:
                 device.reset()
+            self._program.after_reset()
 
-    def close(self) -> None:
-        """Stop a pipeline and close the sticks this session opened (idempotent)."""
+    def close(self, cancel: bool = False) -> None:
+        """Finish the submitted requests (``cancel=True``: cancel those not started;
+        their futures are cancelled), stop the worker threads and a pipeline,
+        and close the sticks this session opened.  Idempotent; ``run`` and
+        ``submit`` then raise :class:`~coralrt.errors.SessionClosedError`."""
         for session in self._signature_sessions.values():
-            session.close()
+            session.close(cancel)
+        self._requests.close(cancel=cancel)
         self._program.close()
         for device in self._owned:
             device.close()
@@ -350,33 +375,8 @@ class InferenceSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
     def _order(self, inputs) -> list:
-        n = len(self._inputs)
-        if isinstance(inputs, Mapping):
-            unknown = [k for k in inputs if k not in self._input_pos]
-            missing = [k for k in self._input_names if k not in inputs]
-            if unknown or missing:
-                parts = []
-                if missing:
-                    parts.append(f"missing {missing}")
-                if unknown:
-                    parts.append(f"unknown {unknown}")
-                raise InputError(f"inputs do not match the model: {', '.join(parts)}; the "
-                                 f"model's inputs are {self._input_names}")
-            return [inputs[k] for k in self._input_names]
-        if isinstance(inputs, np.ndarray):
-            if n != 1:
-                raise InputError(f"the model has {n} inputs {self._input_names}; pass a dict "
-                                 f"by name or a list in that order, not one array")
-            return [inputs]
-        if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)):
-            if len(inputs) != n:
-                raise InputError(f"the model has {n} input(s) {self._input_names}, got "
-                                 f"{len(inputs)} value(s)")
-            return list(inputs)
-        raise InputError(f"inputs must be a dict by name, a list in input order or a numpy "
-                         f"array, got {type(inputs).__name__}")
+        return order_feed(inputs, self._input_names, self._input_pos)
 
     def _check(self, info: TensorInfo, value) -> np.ndarray:
         return check_input(info, value)
@@ -384,24 +384,3 @@ class InferenceSession:
     def __repr__(self) -> str:
         return (f"<InferenceSession target={self.target!r} backend={self.backend!r} "
                 f"inputs={self._input_names} outputs={self._output_names}>")
-
-
-def _pick(results: dict, names, known: list[str]) -> dict[str, np.ndarray]:
-    if isinstance(names, str):
-        names = [names]
-    picked = {}
-    for name in names:
-        if name not in results:
-            raise InputError(f"unknown output {name!r}; the outputs are {known}")
-        picked[name] = results[name]
-    return picked
-
-
-def _unique(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        k = seen.get(n, 0)
-        seen[n] = k + 1
-        out.append(n if k == 0 else f"{n}:{k}")
-    return out

@@ -3,7 +3,8 @@
 ``prepare(target, source, options)`` returns the model the session describes,
 the :class:`~coralrt.runtime.program.Program` it runs (a CPU backend program,
 an executor program of TPU, CPU and plugin steps, or a pipelined program),
-the device(s), and the compile information.  The source model is parsed at
+the device(s), and the compile information.  A list of sticks gets a
+replicated or a pipelined program (``Options.strategy``).  The source model is parsed at
 most once per session, and not at all on a compile-cache hit of ``sim``.
 """
 
@@ -25,7 +26,7 @@ from coralrt.model.fixups import with_explicit_biases
 from coralrt.plugins.host import PluginHost
 from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.runtime.executor import build_program
-from coralrt.runtime.pipeline import build_pipelined_program
+from coralrt.runtime.replicate import build_multi_stick_program
 from coralrt.runtime.program import Program
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class Options:
     device: DeviceSpec = None
     override_builtins: bool = False
     pipeline_depth: int = 2    # requests queued between pipeline stages (device lists)
+    strategy: str | None = None   # device lists: "replicate" | "pipeline" | None (by segments)
+    max_pending: int = 4       # requests the session queues for its workers (submit)
     compiler_url: str | None = None   # a compile service for coral (else the registry's)
 
 
@@ -72,11 +75,12 @@ class Prepared:
 
 def _program(model: Model, devices: list[EdgeTpuDevice], o: Options,
              pipelined: bool) -> Program:
-    if pipelined:      # several sticks (or a list of one): pipeline the segments over them
-        return build_pipelined_program(model, devices=devices, backend=o.backend,
-                                       num_threads=o.num_threads, cpu_kernels=o.cpu_kernels,
-                                       host=o.host, override_builtins=o.override_builtins,
-                                       depth=o.pipeline_depth)
+    if pipelined:      # several sticks (or a list of one): replicate or pipeline
+        return build_multi_stick_program(model, devices=devices, strategy=o.strategy,
+                                         backend=o.backend, num_threads=o.num_threads,
+                                         cpu_kernels=o.cpu_kernels, host=o.host,
+                                         override_builtins=o.override_builtins,
+                                         depth=o.pipeline_depth)
     return build_program(model, device=devices[0] if devices else None, backend=o.backend,
                          num_threads=o.num_threads, cpu_kernels=o.cpu_kernels, host=o.host,
                          override_builtins=o.override_builtins)

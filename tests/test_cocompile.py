@@ -232,8 +232,8 @@ def test_merge_segments_refuses_a_segment_input_nobody_produces():
 
 
 def test_merged_model_pipelines_over_sticks_and_extra_sticks_stay_idle(caplog):
-    # The merged model of a compiled model cut after its Edge TPU operator: one
-    # TPU step, so one pipeline stage on usb:0 (with the CPU tail); usb:1 stays
+    # The merged model of a compiled model cut after its Edge TPU operator, pipelined
+    # (one segment would replicate by default): one TPU step, so one stage on usb:0 (with the CPU tail); usb:1 stays
     # idle and the log says so.  The simulated sticks answer zeros for Google's
     # programs (test-only switch of tests/support/sim.py): shapes, not values.
     from support.sim import accept_dwn1
@@ -248,7 +248,7 @@ def test_merged_model_pipelines_over_sticks_and_extra_sticks_stay_idle(caplog):
     sticks = [open_device("usb:0", backend=bus), open_device("usb:1", backend=bus)]
     try:
         with caplog.at_level(logging.INFO, logger="coralrt.pipeline"):
-            sess = InferenceSession(data, target="coral", device=sticks)
+            sess = InferenceSession(data, target="coral", device=sticks, strategy="pipeline")
         assert "stay(s) idle" in caplog.text and "usb:1" in caplog.text
         out = sess.run(random_inputs(sess.get_inputs()))
         assert out["ArgMax"].shape == (1, 513, 513)

@@ -51,10 +51,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.plugins",),                                      # 11
     ("coralrt.targets",),                                      # 12
     ("coralrt.session",),                                      # 13
-    ("coralrt",),                                              # 14: the facade
-    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 15: tflite: tflite_runtime's API;
+    ("coralrt.vision",),                                       # 14: images in, classes/boxes/masks out
+    ("coralrt",),                                              # 15: the facade
+    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 16: tflite: tflite_runtime's API;
      "coralrt.server"),                                        #     server: the compile service
-    ("coralrt.pycoral",),                                      # 16: pycoral's API over coralrt.tflite
+    ("coralrt.pycoral",),                                      # 17: pycoral's API over coralrt.tflite
     ("coralrt.compat",),                                       # top: maps tflite_runtime, pycoral
 ]
 # Layer 0 is stricter than "same or lower layer": it imports no coralrt module at all.

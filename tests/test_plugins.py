@@ -251,9 +251,11 @@ def test_hook_coralrt_compile_event():
     events.clear()
     path = shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite")
     InferenceSession(path, target="sim", plugins=[Observer()])
-    assert [e["kind"] for e in events] == ["cache_miss", "segment_compiled",
-                                           "segment_compiled"]
-    assert events[1]["operators"] == 64 and events[1]["bytes"] > 0
+    assert [e["kind"] for e in events] == ["cache_miss", "segments_planned",
+                                           "segment_compiled", "segment_compiled", "compiled"]
+    assert events[1]["segments"] == 2 and events[1]["operators"] == 70
+    assert events[2]["operators"] == 64 and events[2]["bytes"] > 0
+    assert events[4]["segments"] == 2 and events[4]["operators"] == 70
     events.clear()
     InferenceSession(path, target="sim", plugins=[Observer()])
     assert [e["kind"] for e in events] == ["cache_hit"]

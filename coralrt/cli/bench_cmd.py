@@ -3,9 +3,12 @@ the latency a real Coral USB Accelerator is estimated to take."""
 
 from __future__ import annotations
 
+import time
+
+from coralrt.cli._progress import Progress
 from coralrt.cli._report import device_estimate, estimate_lines
 from coralrt.cli._text import dumps, table
-from coralrt.cli.run_cmd import count_type, latency_summary, make_inputs, timed_runs
+from coralrt.cli.run_cmd import count_type, latency_summary, make_inputs
 from coralrt.compile.partition import MODES
 from coralrt.session import InferenceSession
 from coralrt.plugins.host import plugin_host
@@ -34,10 +37,18 @@ def add_parser(sub, parents) -> None:
                    help="USB speed the latency estimate assumes (default usb3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="also write a PNG of the per-run host times and, on sim, the "
+                        "estimated Coral USB Accelerator time of each run (needs matplotlib: "
+                        "pip install 'coralrt[plot]')")
     p.set_defaults(func=command)
 
 
 def command(args) -> int:
+    if args.plot:
+        from coralrt.cli.bench_plot import require_matplotlib
+        require_matplotlib()    # before the work: a missing extra fails at once
+    progress = Progress.for_args(args)
     device = None
     if args.target == "sim":
         # The device target="sim" creates, with the USB speed asked for.
@@ -45,13 +56,27 @@ def command(args) -> int:
         device = host.devices.create("sim", kernels=host.ops.sim_kernels(), usb=args.usb)
         device.open()
     sess = InferenceSession(args.model, target=args.target, num_threads=args.threads,
-                            partition_mode=args.mode, device=device)
+                            partition_mode=args.mode, device=device,
+                            plugins=progress.plugins())
     arrays, _ = make_inputs(sess.get_inputs(), None, args.seed)
     first = None
-    if args.warmup:
-        sess.run(arrays)
-        first = sess.profile()
-    _, times = timed_runs(sess, arrays, args.repeat, max(0, args.warmup - 1))
+    times: list[float] = []
+    device_ms: list[float] = []     # per timed run, for --plot on sim
+    clock = time.perf_counter
+    with progress.bar(total=args.warmup + args.repeat, desc="bench", unit="run") as bar:
+        for k in range(args.warmup):
+            sess.run(arrays)
+            if k == 0:
+                first = sess.profile()
+            bar.update()
+        for _ in range(args.repeat):
+            t0 = clock()
+            sess.run(arrays)
+            times.append((clock() - t0) * 1e3)
+            if args.plot and args.target == "sim":
+                device_ms.append(sum(s["device_seconds"] or 0.0 for s in sess.profile()
+                                     if s["kind"] == "tpu") * 1e3)
+            bar.update()
     result = {"model": str(args.model), "target": sess.target,
               "host_ms": latency_summary(times), "steps": []}
     profile = sess.profile()
@@ -67,6 +92,10 @@ def command(args) -> int:
     sess.close()
     if device is not None:
         device.close()
+    if args.plot:
+        from coralrt.cli.bench_plot import plot_latencies
+        plot_latencies(args.plot, model=str(args.model), target=sess.target, host_ms=times,
+                       device_ms=device_ms if any(device_ms) else None, usb=args.usb)
     print(dumps(result) if args.json else _format(result))
     return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from coralrt.cli._progress import Progress
 from coralrt.cli._text import dumps, size_str, table
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.cache_archive import export_cache, import_cache
@@ -103,7 +104,11 @@ def command_export(args) -> int:
     sources = None
     if args.models:
         sources = {model_digest(m, None)[0]: m for m in args.models}
-    result = export_cache(cache, args.file, sources)
+    progress = Progress.for_args(args)
+    with progress.bar(desc="exporting", unit="B", unit_scale=True) as bar:
+        result = export_cache(cache, args.file, sources,
+                              progress=progress.bytes_callback(bar) if progress.enabled
+                              else None)
     if sources:
         found = {e["source"] for e in result["entries"]}
         for digest, model in sources.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from coralrt.cli._progress import Progress
 from coralrt.cli._text import dumps
 from coralrt.compile.driver import compile_log, compile_model
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
@@ -123,7 +124,12 @@ def _one(args, src: Path, mode: str) -> int:
         compiler = EdgeTpuCompiler()  # CompilerUnavailableError names how to get it
     elif args.compiler == "remote":
         compiler = RemoteCompiler(args.compiler_url)  # ConfigError without a URL
-    result = compile_model(model, mode=mode, compiler=compiler)
+    with Progress.for_args(args).bar(desc="compiling Edge TPU segments", unit="op") as bar:
+        result = compile_model(
+            model, mode=mode, compiler=compiler,
+            on_plan=lambda plan: bar.set_total(plan.summary["tpu_ops"]),
+            on_segment=lambda index, operators, size, seconds: bar.update(operators))
+        bar.finish()
     data = result.to_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, data)

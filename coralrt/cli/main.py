@@ -46,6 +46,9 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
                         help="log at DEBUG level and show tracebacks of errors")
     common.add_argument("-v", "--verbose", action="store_true", default=default,
                         help="log at INFO level")
+    common.add_argument("-q", "--quiet", action="store_true", default=default,
+                        help="draw no progress bars (they are drawn on stderr, only when it "
+                             "is a terminal and tqdm is installed)")
     return common
 
 

@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
+from coralrt.cli import run_image
 from coralrt.cli._report import device_estimate, estimate_lines
 from coralrt.cli._text import dumps, json_num, num, plural, shape_str, table
 from coralrt.errors import InputError
-from coralrt.model.shapes import DETECTION_POSTPROCESS
+from coralrt.vision.detect import postprocess_operator_outputs
 from coralrt.session import TARGETS, InferenceSession
 from coralrt.tensors import TensorInfo
 
@@ -51,13 +52,20 @@ def add_parser(sub, parents) -> None:
         description="Run a model on a target with given or random inputs; print each "
                     "output's statistics (the top-5 classes of classifier outputs, the "
                     "detections of an SSD post-processing head) and the latency; on "
-                    "--target sim also the estimated Edge TPU time.")
+                    "--target sim also the estimated Edge TPU time.  With --image, run "
+                    "one image through a vision model and print its result.")
     p.add_argument("model", metavar="MODEL", help="path of the .tflite file")
     p.add_argument("--target", choices=TARGETS, default="cpu",
                    help="where to run (default: cpu)")
-    p.add_argument("--input", action="append", metavar="FILE.npy|random", dest="inputs",
-                   help="a .npy file per model input, in input order, or 'random' "
-                        "(default: random data for every input)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--input", action="append", metavar="FILE.npy|random", dest="inputs",
+                        help="a .npy file per model input, in input order, or 'random' "
+                             "(default: random data for every input)")
+    source.add_argument("--image", metavar="PATH",
+                        help="an image (BMP, PNG, JPEG...) for a vision model: prints its "
+                             "classes, detections, segments or keypoints (needs Pillow: "
+                             "pip install 'coralrt[image]')")
+    run_image.add_arguments(p)
     p.add_argument("--repeat", type=count_type(1), default=10, metavar="N",
                    help="timed runs (default: 10)")
     p.add_argument("--warmup", type=count_type(0), default=1, metavar="N",
@@ -68,9 +76,10 @@ def add_parser(sub, parents) -> None:
                    help="CPU backend: litert or tflite_runtime (default: first installed)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the random inputs (default: 0)")
-    p.add_argument("--threshold", type=float, default=0.0, metavar="SCORE",
+    p.add_argument("--threshold", type=float, default=None, metavar="SCORE",
                    help="detection models: leave out detections scoring below SCORE "
-                        "(default: 0.0, keep every detection the model returns)")
+                        "(default: 0.0, keep every detection the model returns; with "
+                        "--image: 0.5 for detection, 0.0 otherwise)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=command)
 
@@ -168,15 +177,9 @@ def output_summary(info: TensorInfo, a: np.ndarray) -> dict:
     return d
 
 
-def detection_outputs(sess: InferenceSession) -> list[int] | None:
-    """Positions in ``sess.get_outputs()`` of (boxes, classes, scores, count) when the
-    model's outputs include the four of a ``TFLite_Detection_PostProcess`` operator."""
-    pos = {info.index: k for k, info in enumerate(sess.get_outputs())}
-    for op in sess.model.main.operators:
-        if op.name == DETECTION_POSTPROCESS and len(op.outputs) == 4 \
-                and all(t in pos for t in op.outputs):
-            return [pos[t] for t in op.outputs]
-    return None
+# The four outputs of a TFLite_Detection_PostProcess operator, when the model's outputs
+# include them (coralrt.vision finds them; --image also takes pycoral's shape rule).
+detection_outputs = postprocess_operator_outputs
 
 
 def detections(arrays: list[np.ndarray], infos: list[TensorInfo],
@@ -206,8 +209,12 @@ def latency_summary(times: list[float]) -> dict:
 
 
 def command(args) -> int:
+    from coralrt.cli._progress import Progress  # a bar while a cold load compiles
     sess = InferenceSession(args.model, target=args.target, num_threads=args.threads,
-                            backend=args.backend)
+                            backend=args.backend, plugins=Progress.for_args(args).plugins())
+    if getattr(args, "image", None) is not None:
+        return run_image.image_command(args, sess)
+    threshold = 0.0 if args.threshold is None else args.threshold
     infos = sess.get_inputs()
     arrays, sources = make_inputs(infos, args.inputs, args.seed)
     log.info("running %s on %s (%s): %d warmup, %d timed runs", args.model, sess.target,
@@ -231,9 +238,9 @@ def command(args) -> int:
         for k in heads:
             summaries[names[k]].pop("top5", None)   # class ids and scores are no classifier
         result["detections"] = {
-            "outputs": [names[k] for k in heads], "threshold": args.threshold,
+            "outputs": [names[k] for k in heads], "threshold": threshold,
             "items": detections([outputs[names[k]] for k in heads],
-                                [sess.get_outputs()[k] for k in heads], args.threshold)}
+                                [sess.get_outputs()[k] for k in heads], threshold)}
     if sess.target == "sim":
         usb = getattr(sess.device, "usb_speed", None) or "usb3"
         result["estimate_ms"] = device_estimate(sess.profile(), first, usb=usb)

@@ -83,9 +83,14 @@ def _describe(record: dict) -> dict:
 # -- export -------------------------------------------------------------------------
 
 def export_cache(cache: CompileCache, file: str | os.PathLike,
-                 sources: Iterable[str] | None = None) -> dict:
+                 sources: Iterable[str] | None = None, *,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
     """Write the verified entries of ``cache`` (only those built from one of
     ``sources``, SHA-256 hex digests, when given) to the archive ``file``.
+
+    ``progress(done, total)``, if given, is called with the bytes of entry
+    data written so far and in all, once before the first entry and after
+    each one (the export reports progress only through it).
 
     Returns what was written: ``file``, ``directory``, ``count``,
     ``total_bytes`` (the entries' data), ``archive_bytes`` and ``entries``
@@ -128,6 +133,9 @@ def export_cache(cache: CompileCache, file: str | os.PathLike,
             _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"), time.time())
             # Second pass: the same entries with the same bytes, or the export fails.
             todo = iter(described)
+            done, total = 0, sum(d["size"] for d in described)
+            if progress is not None:
+                progress(done, total)
             for entry in cache.entries():
                 if entry.meta["key"] not in keys:
                     continue
@@ -138,6 +146,9 @@ def export_cache(cache: CompileCache, file: str | os.PathLike,
                     raise changed(entry.meta["key"])
                 _add(tar, _member_name(d["key"], ".json"), record, d["created"])
                 _add(tar, _member_name(d["key"], ".bin"), entry.data, d["created"])
+                done += d["size"]
+                if progress is not None:
+                    progress(done, total)
             missing = next(todo, None)
             if missing is not None:
                 raise changed(missing["key"])

@@ -57,13 +57,21 @@ class CompileResult:
 
 
 def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler | None = None,
-                  plan: PartitionPlan | None = None, rules=None,
+                  plan: PartitionPlan | None = None, rules=None, on_plan=None,
                   on_segment=None, max_compiles: int | None = None) -> CompileResult:
     """Partition ``model`` and compile every TPU segment into a compiled model.
 
     ``max_compiles`` bounds the compiler runs spent on the pieces of segments
     the compiler did not map whole (default 32), beyond one run per planned
     segment; pieces left when it is spent stay on the CPU.
+
+    Progress, for callers that show it (this function never prints):
+    ``on_plan(plan)`` is called once with the partition before the first
+    compiler run (``plan.summary["tpu_ops"]`` operators in
+    ``len(plan.segments)`` segments are to be compiled), ``on_segment(index,
+    operators, size, seconds)`` after each segment compiled.  A segment the
+    compiler does not map whole is compiled again in pieces, so the segments
+    reported may be more, and their operators fewer, than planned.
     """
     # A coralrt-compiled model passes (its segments stay as they are, for
     # target='sim'); the CLI's compile and partition refuse both kinds.
@@ -72,6 +80,8 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler
     start = time.perf_counter()
     compiler = compiler or NativeCompiler()
     plan = plan or partition(model, mode, rules=rules)
+    if on_plan is not None:
+        on_plan(plan)
     sg = model.main
     groups, blobs = [], []
     cpu_reasons: dict[int, str] = {}

@@ -59,7 +59,8 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     compiled model built here is used as it is, not read back from its bytes.
     ``rules`` (a RuleRegistry with plugin operators) and its
     ``rules_fingerprint`` come from the plugin host; ``events(**event)``
-    receives cache hits and misses and compiled segments.
+    receives cache hits and misses, the planned segments, each compiled
+    segment and the end of a compile (the ``coralrt_compile_event`` kinds).
     """
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -83,10 +84,15 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         emit(kind="cache_miss", key=key)
         result = compile_model(
             model, mode=mode, compiler=compiler, rules=rules,
+            on_plan=lambda plan: emit(kind="segments_planned", key=key,
+                                      segments=len(plan.segments),
+                                      operators=plan.summary["tpu_ops"]),
             on_segment=lambda i, n, size, secs: emit(kind="segment_compiled", key=key,
                                                      segment=i, operators=n, bytes=size,
                                                      seconds=secs))
         out = result.to_bytes()
+        emit(kind="compiled", key=key, segments=len(result.plan.segments),
+             operators=result.plan.summary["tpu_ops"], seconds=time.perf_counter() - t0)
         built.append(result.model)
         log.info("compiled %d Edge TPU segment(s) (%d of %d operators) in %.0f ms",
                  len(result.plan.segments), result.plan.summary["tpu_ops"],

@@ -156,11 +156,22 @@ def coralrt_register_devices(registry: DeviceRegistration) -> None:
 def coralrt_compile_event(event: dict) -> None:
     """Observe the just-in-time compiler.
 
-    :param event: a dict with ``kind`` = ``"cache_hit"``, ``"cache_miss"`` or
-        ``"segment_compiled"``, plus ``key`` (the cache key) and, for
-        ``"segment_compiled"``, ``segment`` (index), ``operators`` (count),
-        ``bytes`` and ``seconds``.  Called for every implementation; the return
-        value is ignored.
+    :param event: a dict with ``kind`` and ``key`` (the cache key).  Kinds,
+        in the order a compile reports them:
+
+        - ``"cache_miss"``: no usable cached build; the model is compiled now;
+        - ``"segments_planned"``: the partition is made; ``segments`` (count)
+          and ``operators`` (Edge TPU operators to compile in them: a
+          progress bar's total);
+        - ``"segment_compiled"``: ``segment`` (index), ``operators`` (count),
+          ``bytes`` and ``seconds``; a segment the compiler does not map whole
+          is compiled again in pieces, so there may be more of these than
+          planned segments, and fewer operators;
+        - ``"compiled"``: the compile is done; ``segments``, ``operators``
+          (the final counts) and ``seconds``;
+        - ``"cache_hit"``: the compiled model came from the cache (no compile).
+
+        Called for every implementation; the return value is ignored.
     :returns: nothing.
     """
 

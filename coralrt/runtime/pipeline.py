@@ -67,6 +67,8 @@ class PipelinedProgram(Program):
     threads at once and must not be serialised by its callers.
     """
 
+    pipelined = True
+
     def __init__(self, program: ExecutorProgram, *, depth: int = 2,
                  name: str = "coralrt-pipeline"):
         super().__init__()

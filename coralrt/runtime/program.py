@@ -2,15 +2,17 @@
 
 A program is a model prepared for one target: a model loaded whole into a
 CPU backend (:class:`coralrt.backends.base.CpuProgram`), the steps of a
-compiled model (:class:`coralrt.runtime.executor.ExecutorProgram`) or those
+compiled model (:class:`coralrt.runtime.executor.ExecutorProgram`), those
 steps pipelined over several sticks
-(:class:`coralrt.runtime.pipeline.PipelinedProgram`).  The session calls
+(:class:`coralrt.runtime.pipeline.PipelinedProgram`) or replicated on each
+of several sticks (:class:`coralrt.runtime.replicate.ReplicatedProgram`).  The session calls
 only what is declared here, so it never needs to know which one it holds::
 
     with program.lock:                 # what must happen atomically per request
         program.resize_inputs(shapes)  # only models with dynamic input shapes
         outputs = program.run(inputs)
     future = program.submit(inputs)    # concurrent.futures.Future of the outputs
+    program.concurrency, program.pipelined  # how a session's workers drive it
     rows = program.profile()           # per step of the last run
     program.close()                    # idempotent
 
@@ -69,6 +71,12 @@ class Program:
     safe to call concurrently (a pipeline) replaces it with :class:`NoLock`.
     """
 
+    #: Requests the program can run at once from different threads (a
+    #: replicated program: one per stick); a session starts that many workers.
+    concurrency = 1
+    #: ``submit`` overlaps requests by itself (a pipeline): a session only feeds it.
+    pipelined = False
+
     def __init__(self) -> None:
         self.lock: Any = threading.RLock()
 
@@ -93,6 +101,10 @@ class Program:
             with self.lock:
                 return self.run(inputs)
         return completed(locked_run)
+
+    def after_reset(self) -> None:
+        """The session reset the program's sticks (a replicated program takes the
+        sticks it had set aside as failed back into service)."""
 
     def close(self) -> None:
         """Release what the program holds (worker threads); idempotent."""

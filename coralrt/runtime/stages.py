@@ -113,6 +113,19 @@ class Inbox:
     def put_nowait(self, item) -> None:
         self.put(item, block=False)
 
+    def force(self, item) -> None:
+        """Put ``item`` whatever the size (a stop sentinel must never be refused)."""
+        self._items.put(item)
+
+    def take_nowait(self):
+        """The first item, or ``queue.Empty`` (what a closing owner cancels)."""
+        item = self._items.get_nowait()
+        try:
+            self._space.release()
+        except RuntimeError:
+            pass
+        return item
+
     def get(self):
         item = self._items.get()
         try:

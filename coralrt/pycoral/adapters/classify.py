@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from coralrt.vision.classify import top_indices
+
 __all__ = ["Class", "num_classes", "get_scores", "get_classes_from_scores", "get_classes"]
 
 Class = collections.namedtuple("Class", ["id", "score"])
@@ -40,11 +42,7 @@ def get_classes_from_scores(scores, top_k=None, score_threshold=-math.inf) -> li
     as pycoral does; equal scores are ordered by class id.
     """
     scores = np.asarray(scores).reshape(-1)
-    n = len(scores)
-    k = n if top_k is None or top_k >= n else max(int(top_k), 0)
-    # Stable sort of the negated scores: best first, ties by id.
-    order = np.argsort(-scores.astype(np.float64), kind="stable")[:k]
-    return [Class(int(i), float(scores[i])) for i in order if scores[i] >= score_threshold]
+    return [Class(i, float(scores[i])) for i in top_indices(scores, top_k, score_threshold)]
 
 
 def get_classes(interpreter, top_k=None, score_threshold=-math.inf) -> list[Class]:

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from coralrt.vision.preprocess import fit_size
+
 __all__ = ["output_tensor", "input_details", "input_size", "input_tensor", "set_input",
            "set_resized_input"]
 
@@ -54,9 +56,7 @@ def set_resized_input(interpreter, size: tuple[int, int],
     :func:`coralrt.pycoral.adapters.detect.get_objects`'s ``image_scale``.
     """
     width, height = input_size(interpreter)
-    w, h = size
-    scale = min(width / w, height / h)
-    w, h = int(w * scale), int(h * scale)
+    w, h, scale = fit_size(size, (width, height))
     tensor = input_tensor(interpreter)
     tensor.fill(0)
     channels = tensor.shape[-1]

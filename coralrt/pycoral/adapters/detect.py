@@ -6,6 +6,8 @@ import collections
 import math
 
 from coralrt.pycoral.adapters import common
+from coralrt.vision.detect import postprocess_order
+from coralrt.vision.results import box_intersection, box_iou, box_union
 
 __all__ = ["Object", "BBox", "get_objects"]
 
@@ -50,23 +52,17 @@ class BBox(collections.namedtuple("BBox", ["xmin", "ymin", "xmax", "ymax"])):
     @staticmethod
     def intersect(a: BBox, b: BBox) -> BBox:
         """The overlap of ``a`` and ``b``; not :attr:`valid` when they do not overlap."""
-        return BBox(max(a.xmin, b.xmin), max(a.ymin, b.ymin),
-                    min(a.xmax, b.xmax), min(a.ymax, b.ymax))
+        return BBox(*box_intersection(a, b))
 
     @staticmethod
     def union(a: BBox, b: BBox) -> BBox:
         """The smallest box holding both ``a`` and ``b``."""
-        return BBox(min(a.xmin, b.xmin), min(a.ymin, b.ymin),
-                    max(a.xmax, b.xmax), max(a.ymax, b.ymax))
+        return BBox(*box_union(a, b))
 
     @staticmethod
     def iou(a: BBox, b: BBox) -> float:
         """Intersection over union: 0.0 when the boxes do not overlap, 1.0 when equal."""
-        overlap = BBox.intersect(a, b)
-        if not overlap.valid:
-            return 0.0
-        area = overlap.area
-        return area / (a.area + b.area - area)
+        return box_iou(a, b)
 
 
 def _signature_outputs(interpreter):
@@ -88,11 +84,9 @@ def _raw_outputs(interpreter):
         def named(name):
             return interpreter.tensor(outputs[name])()[0]
         return named("output_3"), named("output_2"), named("output_1")
-    if common.output_tensor(interpreter, 3).size == 1:
-        # TF1 post-process order: boxes, classes, scores, count.
-        return tuple(common.output_tensor(interpreter, i)[0] for i in (0, 1, 2))
-    # TF2 order: scores, boxes, count, classes.
-    return tuple(common.output_tensor(interpreter, i)[0] for i in (1, 3, 0))
+    # TF1 post-process order: boxes, classes, scores, count; TF2: scores, boxes, count, classes.
+    order = postprocess_order(common.output_tensor(interpreter, 3).size)
+    return tuple(common.output_tensor(interpreter, i)[0] for i in order[:3])
 
 
 def get_objects(interpreter, score_threshold=-math.inf, image_scale=(1.0, 1.0)) -> list[Object]:

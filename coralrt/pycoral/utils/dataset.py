@@ -1,14 +1,12 @@
-"""Label files, read the way pycoral reads them."""
+"""Label files, read the way pycoral reads them (:func:`coralrt.vision.read_labels`)."""
 
 from __future__ import annotations
 
 import os
-import re
+
+from coralrt.vision.labels import read_labels
 
 __all__ = ["read_label_file"]
-
-# An id and a label separated by a colon and/or whitespace: "3 cat", "3: cat", "3:cat".
-_SEPARATOR = re.compile(r"[:\s]+")
 
 
 def read_label_file(file_path: str | os.PathLike) -> dict[int, str]:
@@ -19,14 +17,4 @@ def read_label_file(file_path: str | os.PathLike) -> dict[int, str]:
     any other line (a plain label) gets its zero-based line number as id.
     Labels are stripped; a blank line yields an empty label for its line number.
     """
-    with open(file_path, encoding="utf-8") as f:
-        lines = f.readlines()
-    labels: dict[int, str] = {}
-    for row, line in enumerate(lines):
-        text = line.strip()
-        parts = _SEPARATOR.split(text, maxsplit=1)
-        if len(parts) == 2 and parts[0].isdecimal():
-            labels[int(parts[0])] = parts[1].strip()
-        else:
-            labels[row] = text
-    return labels
+    return read_labels(file_path)

@@ -140,6 +140,19 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
     so, and should a raw (non-segment) stream arrive anyway, the stick answers
     it with an error event (tag 0xF), never with made-up outputs.
 
+    TEST AND BENCHMARK ONLY: ``timing_only=True`` makes every segment run wait
+    the latency model's estimate (the host's output read waits, GIL released)
+    instead of computing, and answer zeros of the output sizes; loading,
+    framing, transfers and events stay real, so a throughput benchmark
+    measures the host side (driver, executor, session) and device time on a
+    2-core machine where the simulator's own numpy work would otherwise be
+    what is measured.  Give ``latency`` too (without it a run takes no time).
+    The outputs are not the model's: nothing in coralrt turns this on, no
+    ``target=`` name and no environment variable reaches it (``target="sim"``
+    builds its sticks with :func:`coralrt.sim.stick.device.simulated_stick`,
+    which has no such parameter); only code that builds a
+    ``SimulatedBackend`` itself (tests, benchmarks) can.
+
     TEST-ONLY: ``backend._accept_dwn1_for_tests = True`` (set by
     ``tests/support/sim.py``, not a user option) lets the test suite exercise
     the driver's DWN1 path (framing, DMA hints, parameter caching): raw
@@ -155,7 +168,8 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
                  usb_speed: str = "usb3", faults: FaultPlan | None = None, trace_path=None,
                  kernels: dict | None = None, max_wait: float = 0.25,
                  dfu_busy_polls: int = 0, time_scale: float = 1.0,
-                 transcript_limit: int | None = 10_000, lock_scope: str = "machine"):
+                 transcript_limit: int | None = 10_000, lock_scope: str = "machine",
+                 timing_only: bool = False):
         if usb_speed not in ("usb2", "usb3"):
             raise ValueError(f"usb_speed must be 'usb2' or 'usb3', not {usb_speed!r}")
         if n_devices < 0:
@@ -175,11 +189,13 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         self.max_wait = max_wait
         self.dfu_busy_polls = dfu_busy_polls
         self.usb_speed = usb_speed
+        self.timing_only = bool(timing_only)
         self._addresses = itertools.count(4)
         self._lock = threading.Lock()
         self.devices = [SimulatedStick(self, i, firmware_loaded=firmware_loaded,
                                        usb_speed=usb_speed, latency=latency, kernels=kernels,
-                                       trace=trace, time_scale=time_scale)
+                                       trace=trace, time_scale=time_scale,
+                                       timing_only=self.timing_only)
                         for i in range(n_devices)]
         for f in (faults.faults if faults is not None else ()):
             self._stick(f.device).faults.append(f)

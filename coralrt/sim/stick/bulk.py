@@ -32,6 +32,14 @@ first bytes of a payload tell what it is:
   zero bytes as asked and one EP 0x82 read a tag 4 event: the executable's
   DMA hints are not known here, and tests check the transcript against them.
 
+Timing-only mode (``timing_only``, for throughput benchmarks; see
+``SimulatedBackend``): a loaded segment is decoded but not prepared for the
+kernels, and a run computes nothing: its outputs are zeros of the segment's
+output sizes, readable once the latency model's estimate of the run has
+passed in full (whatever ``time_scale``), so the host waits for the device as
+it would for a real stick while the simulator costs next to no host time.
+Framing, transfers and events are those of a normal run.
+
 Framing errors (a tag the host may not send, non-zero reserved header bytes,
 inputs of the wrong size or out of order) raise the fatal-error interrupt;
 the engine then answers nothing until a reset.  A reset also drops whatever
@@ -66,6 +74,7 @@ class _Loaded:
     def __init__(self, segment, runner, estimate):
         self.segment, self.runner, self.estimate = segment, runner, estimate
         self.runs = 0
+        self.zeros: list[bytes] | None = None     # timing-only outputs, made once
 
 
 class _Stream:
@@ -83,7 +92,7 @@ class BulkEngine:
     """Per-stick bulk state.  The stick holds its lock around every call."""
 
     def __init__(self, record, on_fatal, *, latency=None, kernels=None, time_scale=1.0,
-                 raw_allowed=lambda: False):
+                 raw_allowed=lambda: False, timing_only: bool = False):
         self._record = record          # record(op, **fields) -> dict (transcript entry)
         self._on_fatal = on_fatal      # on_fatal(reason)
         self._raw_allowed = raw_allowed   # () -> bool: the test-only DWN1 switch
@@ -91,6 +100,7 @@ class BulkEngine:
         # 1: data becomes readable after the estimated device time; 0: at once
         # (the estimate is still reported in last_run).
         self.time_scale = time_scale
+        self.timing_only = timing_only   # test/benchmark only: wait, compute nothing
         self.kernels = dict(kernels or {})
         self.loaded: dict[bytes, _Loaded] = {}
         # The kernels prepared for the segments loaded before the last reset, kept on
@@ -237,10 +247,11 @@ class BulkEngine:
         try:
             if spare is not None:
                 segment, runner = spare.segment, spare.runner
-                runner.reset()      # variable tensors (LSTM state) start over
+                if runner is not None:
+                    runner.reset()      # variable tensors (LSTM state) start over
             else:
                 segment = seg_codec.decode(program)
-                runner = SegmentRunner(segment, self.kernels)
+                runner = None if self.timing_only else SegmentRunner(segment, self.kernels)
         except Exception as e:      # any reason the program cannot run on this stick
             log.warning("simulated stick: cannot load segment: %s", e)
             self._record("load_failed", length=len(program), error=str(e))
@@ -254,8 +265,9 @@ class BulkEngine:
         self._by_crc[zlib.crc32(key)] = handle
         self._record("load", length=len(program), crc32=zlib.crc32(key),
                      ops=len(segment.ops))
-        if estimate is not None and self.time_scale:
-            self.ready_at = max(self.ready_at, time.monotonic()) + estimate.upload * self.time_scale
+        scale = 1.0 if self.timing_only else self.time_scale
+        if estimate is not None and scale:
+            self.ready_at = max(self.ready_at, time.monotonic()) + estimate.upload * scale
         self._event(len(program), TAG_INTERRUPT0)
 
     def _start_run(self, record: bytes) -> None:
@@ -278,6 +290,9 @@ class BulkEngine:
         handle, raw = self._run, self._inputs
         self._run, self._inputs = None, []
         seg = handle.segment
+        if self.timing_only:
+            self._pretend(handle)
+            return
         try:
             arrays = []
             for tid, data in zip(seg.inputs, raw):
@@ -311,6 +326,26 @@ class BulkEngine:
         if device and self.time_scale:
             self.ready_at = max(self.ready_at, time.monotonic()) + device * self.time_scale
         self._record("run", length=total, outputs=len(outputs))
+        self._event(total, TAG_INTERRUPT0)
+
+    def _pretend(self, handle: _Loaded) -> None:
+        """A timing-only run: zeros, readable after the whole estimated device time."""
+        seg = handle.segment
+        if handle.zeros is None:
+            handle.zeros = [bytes(seg.tensors[t].nbytes) for t in seg.outputs]
+        total = 0
+        for zeros in handle.zeros:
+            total += len(zeros)
+            if zeros:
+                self.outputs.append(memoryview(zeros))
+        handle.runs += 1
+        est = handle.estimate
+        device = est.per_run if est is not None else 0.0
+        upload = est.upload if est is not None and handle.runs == 1 else 0.0
+        self.last_run = {"device_seconds": device, "runs": handle.runs, "output_bytes": total,
+                         "upload_seconds": upload}
+        self.ready_at = max(self.ready_at, time.monotonic()) + device  # upload: at load
+        self._record("run", length=total, outputs=len(handle.zeros))
         self._event(total, TAG_INTERRUPT0)
 
     def _fatal(self, reason: str) -> None:

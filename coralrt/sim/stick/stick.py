@@ -64,7 +64,8 @@ class _Cond(threading.Condition):
 
 class SimulatedStick:
     def __init__(self, backend, index: int, *, firmware_loaded: bool, usb_speed: str,
-                 latency=None, kernels=None, trace=None, time_scale=1.0):
+                 latency=None, kernels=None, trace=None, time_scale=1.0,
+                 timing_only: bool = False):
         self.backend = backend
         self.index = index
         self.usb_speed = usb_speed
@@ -74,7 +75,8 @@ class SimulatedStick:
         self.registers = RegisterFile(trace) if trace is not None else RegisterFile()
         self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
                                  kernels=kernels, time_scale=time_scale,
-                                 raw_allowed=backend._raw_streams_accepted)
+                                 raw_allowed=backend._raw_streams_accepted,
+                                 timing_only=timing_only)
         self.interrupts: deque[bytes] = deque()
         self.faults: list = []           # pending Fault objects, see sim.FaultPlan
         self.transfers = 0
