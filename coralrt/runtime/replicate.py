@@ -39,7 +39,7 @@ from coralrt.formats.opnames import DEVICE_OPS
 from coralrt.runtime.executor import ExecutorProgram, build_program, step_rows
 from coralrt.runtime.pipeline import build_pipelined_program
 from coralrt.runtime.program import NoLock, Program
-from coralrt.runtime.worker import interruptible
+from coralrt.runtime.interrupt import interruptible
 
 __all__ = ["STRATEGIES", "ReplicatedProgram", "build_multi_stick_program",
            "build_replicated_program", "default_strategy"]

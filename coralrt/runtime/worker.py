@@ -14,7 +14,7 @@ raises :class:`~coralrt.errors.QueueFullError`.
 
 A caller that stops waiting (``run(timeout=...)``) abandons its request.  Not
 started yet, it is dropped; running, the worker is interrupted: a
-:class:`RequestTimedOut` is raised in the worker thread, in the middle of the
+:class:`RequestTimedOut` (:mod:`coralrt.runtime.interrupt`) is raised in the worker thread, in the middle of the
 request, as Ctrl-C is raised in a caller's thread.  The device driver treats it
 as it treats any exception that escapes a request mid-transfer
 (docs/reliability.md, "Interrupt safety"): it marks the stick out of step, and
@@ -28,7 +28,6 @@ CPython) let the abandoned request finish, and discard its result.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import queue
 import threading
@@ -36,12 +35,13 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from contextlib import contextmanager
 
 from coralrt.errors import (
     ConfigError, CoralRTError, InferenceError, InferenceTimeoutError, QueueFullError,
     SessionClosedError,
 )
+from coralrt.runtime.interrupt import RequestTimedOut, Window as _Window, interruptible
+from coralrt.runtime.interrupt import local as _local
 from coralrt.runtime.stages import STOP, Inbox
 
 __all__ = ["Requests", "RequestQueue", "RequestTimedOut", "Job", "check_max_pending",
@@ -50,72 +50,6 @@ __all__ = ["Requests", "RequestQueue", "RequestTimedOut", "Job", "check_max_pend
 log = logging.getLogger("coralrt.session")
 
 POLL = 0.1          # seconds between checks for a closed or broken queue while blocked
-_SET_ASYNC = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
-
-
-class RequestTimedOut(BaseException):
-    """Raised in a worker thread inside the request its caller stopped waiting for.
-
-    A ``BaseException``, as ``KeyboardInterrupt`` is, so that nothing on the way
-    (a plugin step wraps every ``Exception``) turns it into an ordinary error
-    of the request: it reaches the device driver like an interrupt, and the
-    driver marks the stick out of step.  It never leaves the worker.
-    """
-
-
-def _async_raise(ident: int, exc) -> bool:
-    """Raise ``exc`` (a class; None: drop a pending one) in thread ``ident``."""
-    if _SET_ASYNC is None:
-        return False
-    return _SET_ASYNC(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None) == 1
-
-
-_local = threading.local()
-
-
-class _Window:
-    """The part of a worker's request during which it may be interrupted."""
-
-    def __init__(self) -> None:
-        self.ident = threading.get_ident()
-        self.lock = threading.Lock()
-        self.job: Job | None = None        # the worker's request
-        self.open_job: Job | None = None   # set inside interruptible()
-
-    def open(self) -> None:
-        with self.lock:
-            self.open_job = self.job
-
-    def close(self) -> None:
-        with self.lock:
-            self.open_job = None
-            _async_raise(self.ident, None)  # an interrupt that came too late is dropped
-
-    def interrupt(self, job: Job) -> bool:
-        with self.lock:
-            if self.open_job is not job or job.interrupted:
-                return False
-            job.interrupted = True
-            return _async_raise(self.ident, RequestTimedOut)
-
-
-@contextmanager
-def interruptible():
-    """Where a worker's request may be interrupted (a no-op outside workers).
-
-    Programs put it around the request itself, inside whatever lock or queue
-    they take: an interrupt landing there must not leave one taken."""
-    window = getattr(_local, "window", None)
-    if window is None:
-        yield
-        return
-    window.open()
-    try:
-        yield
-    finally:
-        window.close()
-
-
 def _taken() -> threading.Lock:
     lock = threading.Lock()
     lock.acquire()
