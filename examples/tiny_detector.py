@@ -1,6 +1,10 @@
 """Build a tiny, UNTRAINED object detector to try examples/detect_objects.py with.
 
-    python examples/tiny_detector.py tiny_detector.tflite
+    python examples/tiny_detector.py /tmp/tiny_detector.tflite
+
+then give it to examples/detect_objects.py (examples/README.md). On a real
+stick (detect_objects.py --target coral) it is compiled the first time, by
+edgetpu_compiler or a compile service, like any plain .tflite.
 
 The model has the layout coralrt.vision.detect reads as "plain boxes and
 scores": one uint8 image input [1, 64, 64, 3] and two outputs, boxes
@@ -34,10 +38,10 @@ def pattern(shape, seed):
         np.uint8).reshape(shape)
 
 
-def conv(b, name, x, in_scale, out_ch, k, stride, out_shape, out_scale, out_zp, seed,
-         relu=True, bias_shift=0.0):
-    in_ch = b._sg.tensors[x].shape[-1]
-    w_scale = 0.004
+def conv(b, name, x, in_ch, in_scale, out_shape, out_scale, out_zp, *, k, stride, seed,
+         w_scale=0.004, relu=True, bias_shift=0.0):
+    """A quantized CONV_2D (k x k, SAME padding) with pattern weights; returns its output."""
+    out_ch = out_shape[-1]
     w = b.constant(f"{name}/weights", pattern((out_ch, k, k, in_ch), seed),
                    scale=w_scale, zero_point=128)
     bias = np.full(out_ch, round(bias_shift / (in_scale * w_scale)), np.int32)
@@ -59,15 +63,15 @@ def anchors():
 def build():
     b = ModelBuilder(description="coralrt examples: tiny untrained detector")
     x = b.input("image", (1, SIZE, SIZE, 3), np.uint8, scale=1 / 128, zero_point=128)
-    h = conv(b, "conv1", x, 1 / 128, 8, 3, 2, (1, 32, 32, 8), 4 / 255, 0, seed=1)
-    h = conv(b, "conv2", h, 4 / 255, 16, 3, 2, (1, 16, 16, 16), 8 / 255, 0, seed=2)
+    h = conv(b, "conv1", x, 3, 1 / 128, (1, 32, 32, 8), 1 / 255, 0, k=3, stride=2, seed=1)
+    h = conv(b, "conv2", h, 8, 1 / 255, (1, 16, 16, 16), 2 / 255, 0, k=3, stride=2, seed=2)
     cell = SIZE // 4 // GRID
-    pooled = b.tensor("pool", (1, GRID, GRID, 16), np.uint8, scale=8 / 255, zero_point=0)
+    pooled = b.tensor("pool", (1, GRID, GRID, 16), np.uint8, scale=2 / 255, zero_point=0)
     b.op("AVERAGE_POOL_2D", [h], [pooled], padding="VALID", stride_w=cell, stride_h=cell,
          filter_width=cell, filter_height=cell)
     # Boxes: anchor + a small offset (+-0.05) computed from the image.
-    offsets = conv(b, "offsets", pooled, 8 / 255, 4, 1, 1, (1, GRID, GRID, 4), 0.1 / 255,
-                   128, seed=3, relu=False)
+    offsets = conv(b, "offsets", pooled, 16, 2 / 255, (1, GRID, GRID, 4), 0.1 / 255, 128,
+                   k=1, stride=1, seed=3, w_scale=0.0003, relu=False)
     flat = b.tensor("offsets/flat", (1, GRID * GRID, 4), np.uint8, scale=0.1 / 255,
                     zero_point=128)
     b.op("RESHAPE", [offsets, b.constant("shape4", np.array([1, -1, 4], np.int32))], [flat])
@@ -75,8 +79,8 @@ def build():
     b.op("ADD", [flat, b.constant("anchors", anchors(), scale=1 / 255, zero_point=0)],
          [boxes])
     # Scores: a logistic over per-class logits, biased low so only a few pass 0.5.
-    logits = conv(b, "logits", pooled, 8 / 255, CLASSES, 1, 1, (1, GRID, GRID, CLASSES),
-                  16 / 255, 128, seed=4, relu=False, bias_shift=-1.5)
+    logits = conv(b, "logits", pooled, 16, 2 / 255, (1, GRID, GRID, CLASSES), 16 / 255, 128,
+                  k=1, stride=1, seed=4, w_scale=0.02, relu=False, bias_shift=-2.0)
     probs = b.tensor("probs", (1, GRID, GRID, CLASSES), np.uint8, scale=1 / 256, zero_point=0)
     b.op("LOGISTIC", [logits], [probs])
     scores = b.tensor("scores", (1, GRID * GRID, CLASSES), np.uint8, scale=1 / 256,

@@ -172,3 +172,17 @@ def test_state_tensor_returned_as_an_output_matches_the_cpu_on_sim():
         assert want.keys() == got.keys()
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_open_simulated_sticks_gives_open_sticks_on_one_bus():
+    from coralrt.sim.stick import open_simulated_sticks
+
+    sticks = open_simulated_sticks(3)
+    try:
+        assert [s.path for s in sticks] == ["usb:0", "usb:1", "usb:2"]
+        assert all(s.is_open for s in sticks)
+    finally:
+        for s in sticks:
+            s.close()
+    with pytest.raises(ValueError):
+        open_simulated_sticks(0)

@@ -384,3 +384,16 @@ def test_labels_files(tmp_path):
     assert imagenet[0] == "background" and imagenet[286] == "Egyptian cat"
     (tmp_path / "l.txt").write_text("0  person\n3  car\n")
     assert vision.read_labels(tmp_path / "l.txt") == {0: "person", 3: "car"}
+
+
+def test_classes_from_a_submitted_result_match_classify():
+    from coralrt import InferenceSession
+    from coralrt import vision
+
+    session = InferenceSession(shared_model("mobilenet_v2_1.0_224_quant.tflite"))
+    info = session.get_inputs()[0]
+    tensor, _, _ = vision.prepare(info, shared_image("cat.bmp"))
+    outputs = session.submit({info.name: tensor}).result()
+    got = vision.classes_from_outputs(session, outputs, top_k=3)
+    assert got == vision.classify(session, shared_image("cat.bmp"), top_k=3)
+    assert got[0].id == 286

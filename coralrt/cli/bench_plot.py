@@ -41,6 +41,7 @@ def plot_latencies(path, *, model: str, target: str, host_ms: list[float],
     """Write the PNG ``path``: ``host_ms`` per run and, when given, ``device_ms``
     (the estimated Edge TPU time of the same runs)."""
     plt = require_matplotlib()
+    from matplotlib import ticker
     series = [(f"host time per run\n(target {target}, this machine)", host_ms, "#4e79a7")]
     if device_ms:
         series.append((f"estimated Coral USB Accelerator\ntime of the Edge TPU steps ({usb})",
@@ -70,6 +71,9 @@ def plot_latencies(path, *, model: str, target: str, host_ms: list[float],
         if min(lows) > 0 and max(highs) / min(lows) > 20:
             ax.set_xscale("log")
             ax.set_xlabel("milliseconds (log scale)")
+            # Plain numbers (2, 5, 10, 20 ...) rather than powers of ten.
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         else:
             ax.set_xlabel("milliseconds")
         ax.grid(axis="x", alpha=0.3)

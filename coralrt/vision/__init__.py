@@ -9,7 +9,9 @@ dataclasses whose coordinates are the image's pixels.  Pillow (the
 anything but nearest-neighbour, and to draw.  docs/vision.md has the details.
 """
 
-from coralrt.vision.classify import classes_from_scores, classify, top_indices
+from coralrt.vision.classify import (
+    classes_from_outputs, classes_from_scores, classify, top_indices,
+)
 from coralrt.vision.detect import (
     decode_box_scores, decode_postprocess, detect, detections_from_outputs, nms,
 )
@@ -27,7 +29,7 @@ from coralrt.vision.task import TASKS, guess_task
 __all__ = [
     "classify", "detect", "segment", "pose", "draw", "save", "read_labels", "guess_task",
     "Class", "BBox", "Detection", "Segmentation", "Keypoint", "Placement", "prepare",
-    "run_image", "as_rgb_array", "classes_from_scores", "top_indices", "nms",
+    "run_image", "as_rgb_array", "classes_from_scores", "classes_from_outputs", "top_indices", "nms",
     "decode_postprocess", "decode_box_scores", "detections_from_outputs",
     "segmentation_from_output", "keypoints_from_output", "palette", "PillowMissing",
     "FITS", "TASKS", "KEYPOINT_NAMES", "SKELETON",

@@ -11,7 +11,8 @@ from coralrt.vision.labels import label_of
 from coralrt.vision.preprocess import run_image
 from coralrt.vision.results import Class
 
-__all__ = ["top_indices", "classes_from_scores", "score_output", "classify"]
+__all__ = ["top_indices", "classes_from_scores", "score_output", "classes_from_outputs",
+           "classify"]
 
 
 def top_indices(scores, top_k=None, threshold=-math.inf) -> list[int]:
@@ -46,6 +47,14 @@ def score_output(session, outputs: dict) -> np.ndarray:
     info, a = found[0]
     return info.dequantize(a).reshape(-1) if info.is_quantized else \
         np.asarray(a, np.float32).reshape(-1)
+
+
+def classes_from_outputs(session, outputs: dict, top_k: int | None = 5,
+                         threshold: float = 0.0, labels=None) -> list[Class]:
+    """The classes in ``outputs``, a result of ``session.run`` or of a
+    ``session.submit(...)`` future: what :func:`classify` returns, for a frame
+    loop that prepares its inputs itself (:func:`~coralrt.vision.prepare`)."""
+    return classes_from_scores(score_output(session, outputs), top_k, threshold, labels)
 
 
 def classify(session, image, top_k: int | None = 5, threshold: float = 0.0, labels=None,

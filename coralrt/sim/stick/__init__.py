@@ -14,5 +14,6 @@ runner, latency), runtime, usb.
 from __future__ import annotations
 
 from coralrt.sim.stick.backend import FAULT_KINDS, Fault, FaultPlan, SimulatedBackend
+from coralrt.sim.stick.device import open_simulated_sticks
 
-__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS"]
+__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "open_simulated_sticks"]

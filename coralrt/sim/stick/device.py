@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from coralrt.sim.latency import LatencyModel
 from coralrt.sim.stick.backend import SimulatedBackend
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt.usb.driver import UsbEdgeTpu, open_device
 
-__all__ = ["simulated_stick"]
+__all__ = ["simulated_stick", "open_simulated_sticks"]
 
 
 def simulated_stick(kernels: dict | None = None, *, usb: str = "usb3") -> UsbEdgeTpu:
@@ -28,3 +28,29 @@ def simulated_stick(kernels: dict | None = None, *, usb: str = "usb3") -> UsbEdg
                                time_scale=0.0, transcript_limit=256, lock_scope="process",
                                kernels=kernels)
     return UsbEdgeTpu(None, backend)
+
+
+def open_simulated_sticks(n: int = 1, *, usb: str = "usb3") -> list[UsbEdgeTpu]:
+    """``n`` opened simulated sticks on one simulated USB bus (``usb:0`` ...), to pass
+    as ``device=`` (one, or the list) with ``target="sim"``: the way to run code
+    written for several real sticks, or for one stick shared by several
+    sessions, without hardware.
+
+    Their firmware is loaded, and each Edge TPU run waits the latency model's
+    estimate for a stick on ``usb``, as a real one would take.  The sticks are
+    private to this process.  Close them when done: sessions leave open devices
+    they were given open.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive number of sticks, not {n!r}")
+    bus = SimulatedBackend(n_devices=n, firmware_loaded=True, latency=LatencyModel(usb=usb),
+                           lock_scope="process")
+    sticks: list[UsbEdgeTpu] = []
+    try:
+        for i in range(n):
+            sticks.append(open_device(f"usb:{i}", backend=bus))
+    except BaseException:
+        for stick in sticks:
+            stick.close()
+        raise
+    return sticks
