@@ -41,6 +41,8 @@ HOW = ("install edgetpu_compiler on an x86-64 Linux machine (Coral's apt package
        "(docs/install-raspberry-pi.md);\n"
        "or point CORALRT_COMPILER_URL at a compile service run with `coralrt serve-compiler` "
        "on an x86-64 machine;\n"
+       "or import the compiled cache of a machine that compiled your models (`coralrt cache "
+       "export` there, `coralrt cache import` here);\n"
        "or compile ahead of time elsewhere (`coralrt compile --compiler edgetpu_compiler`) and "
        "copy the _edgetpu.tflite here")
 
@@ -90,7 +92,9 @@ def remote_path(environ=None, probe=None) -> dict:
         shown = _redact(url)
         answer = probe(url) if probe is not None else "not contacted"
         return {"path": "remote", "compiler": None, "via": shown,
-                "detail": f"{COMPILER_URL} is set to {shown} ({answer})", "how": None}
+                "detail": f"{COMPILER_URL} is set to {shown} ({answer})",
+                "how": None if not answer.startswith("not usable") else
+                "check the URL, that `coralrt serve-compiler` runs there, and the token"}
     return {"path": "remote", "compiler": None, "via": None,
             "detail": f"not configured ({COMPILER_URL} is not set)",
             "how": "run `coralrt serve-compiler` on an x86-64 machine with edgetpu_compiler "
@@ -119,7 +123,7 @@ def compile_paths_report(find=None, *, environ=None, host: str | None = None,
 def usable(paths: list[dict]) -> list[dict]:
     """The paths that can compile: native, emulated, or a configured service."""
     return [p for p in paths if p["path"] in ("native", "emulated")
-            or (p["path"] == "remote" and p["via"])]
+            or (p["path"] == "remote" and p["via"] and "not usable" not in p["detail"])]
 
 
 def format_compile_paths(paths: list[dict]) -> str:
