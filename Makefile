@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test bench fuzz clean
+.PHONY: $(VENV) venv demo test bench fuzz soak clean
 
 venv: $(STAMP)
 
@@ -39,3 +39,9 @@ fuzz: $(STAMP)
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .benchmarks
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# A long soak of the USB driver on a misbehaving simulated stick (tests/test_soak.py):
+# CORALRT_SOAK_INFERENCES inferences (default 5,000) with random faults from a seeded
+# RNG; prints the counts.  `make test` runs a short one.
+soak: $(STAMP)
+	CORALRT_SOAK=1 $(VPY) -m pytest -s -q tests/test_soak.py

@@ -68,6 +68,12 @@ variable                                meaning
                                         given the Edge TPU delegate: ``cpu``, ``sim``,
                                         ``coral`` or ``auto`` (any case); default
                                         ``auto``; anything else is an error
+``CORALRT_DRIVER``                      how ``target="coral"`` reaches the stick:
+                                        ``coralrt`` (default: coralrt's own pyusb
+                                        driver) or ``libedgetpu`` (Google's library as
+                                        a LiteRT delegate, docs/libedgetpu.md), any
+                                        case; a session's ``driver=`` wins over it;
+                                        anything else is an error
 ======================================  ==================================================
 
 An empty value (``CORALRT_CACHE_DIR= coralrt ...``) counts as unset.
@@ -352,6 +358,27 @@ def compat_target() -> str:
                           f"{', '.join(COMPAT_TARGETS)} (or leave it unset for auto)")
     return word
 
+
+
+# -- how target="coral" reaches the stick (coralrt.backends.libedgetpu) -----------------
+
+__all__ += ["DRIVER", "DRIVERS", "driver"]
+
+DRIVER = "CORALRT_DRIVER"
+#: What ``CORALRT_DRIVER`` and ``InferenceSession(driver=...)`` accept; the first is the default.
+DRIVERS = ("coralrt", "libedgetpu")
+
+
+def driver() -> str:
+    """``CORALRT_DRIVER`` lower-cased: ``"coralrt"`` (also when unset) or ``"libedgetpu"``."""
+    value = _get(DRIVER)
+    if value is None:
+        return DRIVERS[0]
+    word = value.lower()
+    if word not in DRIVERS:
+        raise ConfigError(f"{DRIVER}={value!r} is not a driver; use one of "
+                          f"{', '.join(DRIVERS)} (or leave it unset for coralrt)")
+    return word
 
 def runtime_dir() -> Path:
     """Folder of the per-stick lock files (not created or checked here: that is

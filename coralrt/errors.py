@@ -388,3 +388,66 @@ class InferenceTimeoutError(CoralRTError, TimeoutError):
 
 class SessionClosedError(InferenceError):
     """``run`` or ``submit`` on an :class:`~coralrt.InferenceSession` that was closed."""
+
+
+# -- driver="libedgetpu" ----------------------------------------------------------------
+
+__all__ += ["DriverUnavailableError", "LIBEDGETPU_HELP"]
+
+LIBEDGETPU_HELP = (
+    "driver='libedgetpu' runs the Edge TPU segments through Google's libedgetpu, loaded by "
+    "the LiteRT interpreter as a delegate from the shared library libedgetpu.so.1. Google's "
+    "own packages (libedgetpu1-std / libedgetpu1-max from Coral's apt repository) were "
+    "last built years ago and need an old LiteRT; on current Debian, Ubuntu or Raspberry "
+    "Pi OS install a community build made for the LiteRT (ai-edge-litert or "
+    "tflite-runtime) version you have, for example a release of feranick/libedgetpu on "
+    "GitHub. Then check that `ldconfig -p | grep libedgetpu.so.1` lists it, or put the "
+    "folder holding libedgetpu.so.1 on LD_LIBRARY_PATH before Python starts. A build made "
+    "for another LiteRT version can crash the process that loads it; coralrt loads it in "
+    "a child process first. The default driver, driver='coralrt' (CORALRT_DRIVER unset), "
+    "needs none of this: it talks to the stick itself over pyusb.")
+
+
+class DriverUnavailableError(TargetUnavailableError):
+    """``driver="libedgetpu"`` cannot be used in this process.
+
+    A :class:`TargetUnavailableError` like :class:`CompilerUnavailableError`:
+    what is missing is the way to reach the Edge TPU for ``target="coral"``,
+    not a CPU backend (a ``BackendUnavailableError`` would make
+    :func:`coralrt.backends.get_backend` and ``coralrt doctor`` treat it as a
+    missing interpreter).  ``library`` is the library asked for, ``cause``
+    one of ``"missing"``, ``"not-loadable"``, ``"not-libedgetpu"``,
+    ``"no-litert"``, ``"delegate"``, ``"crash"``, ``"timeout"``, ``"error"``;
+    ``signal`` the signal that ended the probing child (``cause="crash"``);
+    ``detail`` what the loader said.  The message ends with how to install
+    libedgetpu (:data:`LIBEDGETPU_HELP`).
+    """
+
+    def __init__(self, message: str, *, library: str | None = None, cause: str | None = None,
+                 signal: int | None = None, detail: str | None = None):
+        self.library = library
+        self.cause = cause
+        self.signal = signal
+        self.detail = detail
+        super().__init__(message if LIBEDGETPU_HELP in message
+                         else f"{message}\n{LIBEDGETPU_HELP}")
+
+
+__all__ += ["DeviceNotReadyError", "DeviceWedgedError"]
+
+
+class DeviceNotReadyError(DeviceTimeoutError):
+    """The stick is enumerated (18d1:9302) but did not answer register reads within
+    ``timeout`` seconds of being opened; unplug and replug it.
+
+    Public reports say enumeration does not prove a stick is usable (libedgetpu
+    waits before every open "to reduce chances of transfer errors";
+    coral-usb-oxidized's *Enumerated-But-Unusable* state).  ``errno`` is that of
+    the last failed read.
+    """
+
+
+class DeviceWedgedError(DeviceLostError):
+    """A transfer timed out and the stick no longer answers anything, register reads
+    included: public reports say only unplugging and replugging it helps
+    (edgetpu#70, edgetpu#237)."""

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from coralrt.backends import get_backend
+from coralrt.backends import get_backend, libedgetpu
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.model import Model, load_model
@@ -74,6 +74,11 @@ class InferenceSession:
         compiles this model's Edge TPU segments for ``coral``, instead of
         ``CORALRT_COMPILER_URL`` or a local edgetpu_compiler
         (docs/compile-service.md).
+    :param driver: how ``coral`` reaches the stick: ``"coralrt"`` (the default,
+        coralrt's pyusb driver) or ``"libedgetpu"`` (Google's library as a LiteRT
+        delegate, probed in a child process first; one stick; docs/libedgetpu.md);
+        ``None``: ``CORALRT_DRIVER``, else ``"coralrt"``.  ``"libedgetpu"`` on
+        ``cpu``/``sim`` is a ConfigError (``CORALRT_DRIVER`` is not applied there).
 
     ``compile_info`` is None on the CPU target; otherwise a dict with at least
     ``cache_hit``, ``compile_seconds`` and ``key``.
@@ -95,11 +100,12 @@ class InferenceSession:
                  partition_mode: str = "multi", cache=None, device=None, plugins=None,
                  override_builtins: bool = False, pipeline_depth: int = 2,
                  compiler_url: str | None = None, strategy: str | None = None,
-                 max_pending: int = 4):
+                 max_pending: int = 4, driver: str | None = None):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         check_strategy(strategy)
         check_max_pending(max_pending)
+        driver = libedgetpu.session_driver(driver, target)
         self._backend = get_backend(backend)
         # What a signature's own session (another subgraph) is created with.
         self._settings = dict(num_threads=num_threads, backend=backend,
@@ -107,7 +113,7 @@ class InferenceSession:
                               cache=cache, plugins=plugins,
                               override_builtins=override_builtins,
                               pipeline_depth=pipeline_depth, compiler_url=compiler_url,
-                              strategy=strategy, max_pending=max_pending)
+                              strategy=strategy, max_pending=max_pending, driver=driver)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
@@ -116,11 +122,13 @@ class InferenceSession:
             backend=self._backend, host=self._host, num_threads=num_threads,
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
             device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth,
-            compiler_url=compiler_url, strategy=strategy, max_pending=max_pending)
+            compiler_url=compiler_url, strategy=strategy, max_pending=max_pending,
+            driver=driver)
         parsed = None
         if target == "auto":
             target, parsed = targets.choose_auto(model, options)
         self.target = target
+        self._settings["driver"] = driver if target == "coral" else None  # auto: maybe cpu
         prepared = targets.prepare(target, model, options, parsed)
         self.model, self._program = prepared.model, prepared.program
         self.compile_info = prepared.compile_info

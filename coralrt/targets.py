@@ -59,6 +59,9 @@ class Options:
     strategy: str | None = None   # device lists: "replicate" | "pipeline" | None (by segments)
     max_pending: int = 4       # requests the session queues for its workers (submit)
     compiler_url: str | None = None   # a compile service for coral (else the registry's)
+    # How coral reaches the stick: "coralrt" (pyusb) or "libedgetpu" (a LiteRT delegate,
+    # coralrt.backends.libedgetpu); resolved by the session, never chosen by "auto".
+    driver: str = "coralrt"
 
 
 @dataclass
@@ -217,8 +220,21 @@ def open_stick(device):
 
 
 def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
+    via = None
+    if o.driver == "libedgetpu":   # probed in a child process before any compile
+        from coralrt.backends import libedgetpu as via
+        via.check_ready(o.backend, o.device)
+
+    def on_libedgetpu(model: Model, data) -> Program:   # the whole model, one interpreter
+        return via.load_program(model, data, backend=o.backend, device=o.device,
+                                num_threads=o.num_threads, kernels=o.cpu_kernels, host=o.host,
+                                override_builtins=o.override_builtins)
+
     model = parsed or load_model(source)
     if model.is_edgetpu_compiled:
+        if via is not None:
+            data = model.to_bytes() if isinstance(source, Model) else model.source
+            return Prepared(model, on_libedgetpu(model, data), [])
         return _on_devices(model, o, lambda: open_stick(None), None)
     # A compile made for real sticks is used before any compiler is asked: a Pi
     # without one, or whose compile service is down, runs an imported entry.
@@ -228,6 +244,9 @@ def prepare_coral(source, o: Options, parsed: Model | None = None) -> Prepared:
         if compiler is None:
             raise CompilerUnavailableError()
         jit = _jit(source, o, compiler, model)
+    if via is not None:
+        return Prepared(jit.model, on_libedgetpu(jit.model, None), [],
+                        jit.compile_info, source=source, source_model=model)
     return dataclasses.replace(_on_devices(jit.model, o, lambda: open_stick(None),
                                            jit.compile_info),
                                source=source, source_model=model)
@@ -250,6 +269,8 @@ def choose_auto(source, o: Options) -> tuple[str, Model | None]:
         log.info("target 'auto': running on the Coral USB Accelerator given as device=")
         return "coral", None
     from coralrt.usb import list_devices
+    # "auto" never chooses libedgetpu: only driver= or CORALRT_DRIVER do, for a stick.
+    unused = "; driver 'libedgetpu' not used" if o.driver == "libedgetpu" else ""
     try:
         sticks, why = list_devices(), "no Coral USB Accelerator found"
     except Exception as e:  # no libusb, no permission to enumerate: not a reason to fail
@@ -258,13 +279,13 @@ def choose_auto(source, o: Options) -> tuple[str, Model | None]:
     if not sticks:
         if compiled_by(model) == "edgetpu_compiler" and plain_sibling(source) is None:
             raise ModelError(not_on_host(model, source, no_stick=True))
-        log.info("target 'auto': running on the CPU (%s)", why)
+        log.info("target 'auto': running on the CPU (%s)%s", why, unused)
         return "cpu", model
     if not model.is_edgetpu_compiled and usb_compiler(o) is None \
             and _cached_for_usb(source, o) is None:
         log.info("target 'auto': running on the CPU (a stick is present but the model is not "
                  "compiled for the Edge TPU, its compiled form is not in the cache, and no "
-                 "compiler for real sticks is available)")
+                 "compiler for real sticks is available)%s", unused)
         return "cpu", model
     log.info("target 'auto': running on the Coral USB Accelerator %s", sticks[0].path)
     return "coral", model

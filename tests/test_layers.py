@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.targets",),                                      # 12
     ("coralrt.session",),                                      # 13
     ("coralrt.vision",),                                       # 14: images in, classes/boxes/masks out
+    ("coralrt.selftest",),                                     # 14b: `coralrt selftest`'s checks
     ("coralrt",),                                              # 15: the facade
     ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 16: tflite: tflite_runtime's API;
      "coralrt.server"),                                        #     server: the compile service

@@ -271,12 +271,14 @@ class _InterpreterBackend(CpuBackend):
     def _check_usable(self) -> None:
         pass
 
-    def _prepared(self, model_bytes: bytes, num_threads, resolver):
-        """A native interpreter with its tensors allocated, or _NativeFailure."""
+    def _prepared(self, model_bytes: bytes, num_threads, resolver, delegates=()):
+        """A native interpreter with its tensors allocated (with ``delegates``, e.g.
+        libedgetpu's), or _NativeFailure."""
+        extra = {"experimental_delegates": list(delegates)} if delegates else {}
         with native_info_to_log():
             try:
                 interp = self._Interpreter(model_content=model_bytes, num_threads=num_threads,
-                                           experimental_op_resolver_type=resolver)
+                                           experimental_op_resolver_type=resolver, **extra)
             except (ValueError, RuntimeError) as e:
                 raise _NativeFailure(e, "load") from e
             try:

@@ -20,7 +20,7 @@ from coralrt.cli import (
     bench_cmd, cache_cmd, compile_cmd, demo_cmd, inspect_cmd, partition_cmd, run_cmd,
 )
 from coralrt.cli import devices_cmd, doctor_cmd, firmware_cmd
-from coralrt.cli import plugins_cmd, serve_cmd
+from coralrt.cli import plugins_cmd, selftest_cmd, serve_cmd
 from coralrt.errors import CoralRTError, ModelError
 from coralrt.logs import StderrHandler
 
@@ -28,7 +28,8 @@ __all__ = ["main", "build_parser"]
 
 PROG = "coralrt"
 _COMMANDS = (inspect_cmd, partition_cmd, compile_cmd, run_cmd, bench_cmd, demo_cmd,
-             cache_cmd, firmware_cmd, devices_cmd, doctor_cmd, plugins_cmd, serve_cmd)
+             cache_cmd, firmware_cmd, devices_cmd, doctor_cmd, selftest_cmd, plugins_cmd,
+             serve_cmd)
 
 
 def _version() -> str:

@@ -23,6 +23,17 @@ puts the chip back in reset (``EnableReset``) before the port reset.
 After the sequence, :func:`pending_fatal` reads ``fatal_err_int_status``: a
 fatal error raised while the chip was brought up would otherwise surface only
 as the first run's timeout.
+
+An enumerated stick is not necessarily ready to answer (public reports:
+libedgetpu sleeps 1 s before every open attempt because it "seems to reduce
+chances of transfer errors"; coral-usb-oxidized's *Enumerated-But-Unusable*
+state).  With ``ready_timeout``, :func:`bring_up` makes its first read (the
+sequence's ``scu_ctrl_0`` read, so a ready stick sees the very same
+transfers) through :func:`wait_ready`, which retries it with a short timeout
+and a growing pause (10 ms to 100 ms) until it answers, and past
+``ready_timeout`` raises :class:`~coralrt.errors.DeviceNotReadyError` saying
+to unplug and replug the stick.  A stick that has left the bus, or that the
+operating system refuses, fails at once.
 """
 
 from __future__ import annotations
@@ -31,12 +42,24 @@ import logging
 import time
 from dataclasses import dataclass
 
-from coralrt.errors import DeviceError, DeviceTimeoutError
+from coralrt.errors import (
+    DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceNotReadyError,
+    DevicePermissionError, DeviceTimeoutError,
+)
 from coralrt.usb import constants as C
 from coralrt.usb.transport import Transport
 
 __all__ = ["Step", "OPEN_SEQUENCE", "open_sequence", "bring_up", "halt", "poll",
-           "read_fatal_status", "pending_fatal", "describe_fatal"]
+           "read_fatal_status", "pending_fatal", "describe_fatal", "wait_ready", "answers",
+           "what_failed", "REPLUG_ADVICE"]
+
+#: The advice of every error about a stick that stopped answering for good.
+REPLUG_ADVICE = ("unplug and replug the stick (a port reset does not bring such a stick "
+                 "back; public reports say only a power cycle does), then open it again or "
+                 "call reset()")
+
+# Errors that retrying cannot fix: the stick left the bus, or access is refused.
+_FINAL = (DeviceLostError, DevicePermissionError, DeviceBusyError, DeviceNotFoundError)
 
 log = logging.getLogger("coralrt.usb")
 
@@ -129,11 +152,82 @@ def poll(t: Transport, register: int, mask: int, expected: int, *,
         delay = min(delay * 2, 0.02)
 
 
-def bring_up(t: Transport, *, usb_speed: str = "usb3") -> dict:
-    """Run the open sequence; what the reads said (``efuse_revision``, ``gcb_gating``)."""
+def what_failed(e: BaseException) -> str:
+    """``e``'s message without its advice (coralrt's device errors give it after the
+    first "; ") and without the device name, for a message that gives its own."""
+    text = str(e).split("; ", 1)[0]
+    head, sep, rest = text.partition(": ")
+    return rest if sep and (head.startswith("usb") or head.startswith("/")) else text
+
+
+def _probe(t: Transport) -> Transport:
+    """``t``'s device with a short timeout, for reads that only ask "do you answer?"."""
+    return Transport(t.dev, timeout=min(t.timeout, C.READY_PROBE_TIMEOUT), path=t.path)
+
+
+def wait_ready(t: Transport, register: int, timeout: float) -> int:
+    """Read ``register`` until the stick answers; its value.
+
+    Each attempt waits at most ``C.READY_PROBE_TIMEOUT`` (or ``t.timeout`` if
+    shorter); between attempts the pause grows from 10 ms to 100 ms.  A stalled,
+    failed or timed-out read is tried again until ``timeout`` seconds have
+    passed, then :class:`DeviceNotReadyError`; a stick that left the bus or that
+    the operating system refuses fails at once.
+    """
+    probe = _probe(t)
+    start = time.monotonic()
+    delay = 0.01
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            value = probe.read_register(register)
+        except _FINAL:
+            raise
+        except DeviceError as e:
+            last = e
+        else:
+            if attempts > 1:
+                log.info("%s: the stick answered after %d attempts (%.2f s)", t.path,
+                         attempts, time.monotonic() - start)
+            return value
+        elapsed = time.monotonic() - start
+        if elapsed >= timeout:
+            why = what_failed(last)
+            raise DeviceNotReadyError(
+                f"{t.path or 'device'}: the stick is enumerated as 18d1:9302 but did not "
+                f"answer a register read for {elapsed:.2f} s ({attempts} attempts; last: "
+                f"{why}): it is not ready, or it has stopped answering; "
+                f"{REPLUG_ADVICE}", errno=last.errno, path=t.path, timeout=timeout)
+        log.debug("%s: not ready yet (%s); trying again", t.path, last)
+        time.sleep(min(delay, max(0.0, timeout - elapsed)))
+        delay = min(delay * 2, 0.1)
+
+
+def answers(t: Transport, register: int = C.SCU_CTRL_0) -> bool:
+    """Whether the stick answers one register read within the probe timeout (False only
+    when the read times out: a stick that answers anything at all is not wedged)."""
+    try:
+        _probe(t).read_register(register)
+    except DeviceTimeoutError:
+        return False
+    except DeviceError:
+        return True
+    return True
+
+
+def bring_up(t: Transport, *, usb_speed: str = "usb3",
+             ready_timeout: float | None = None) -> dict:
+    """Run the open sequence; what the reads said (``efuse_revision``, ``gcb_gating``).
+
+    ``ready_timeout``: make the first read through :func:`wait_ready` (None: once,
+    like every other transfer)."""
     info: dict = {}
-    for step in open_sequence(usb_speed):
-        if step.op == "write":
+    for i, step in enumerate(open_sequence(usb_speed)):
+        if i == 0 and ready_timeout is not None and step.op == "read":
+            value = wait_ready(t, step.register, ready_timeout)
+            log.debug("%s: %s = %#x", t.path, step.name, value)
+        elif step.op == "write":
             t.write_register(step.register, step.value)
         elif step.op == "poll":
             poll(t, step.register, step.mask, step.value, what=step.name)

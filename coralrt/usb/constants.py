@@ -51,6 +51,13 @@ DEFAULT_TIMEOUT = 6.0                  # seconds; libedgetpu's usb_timeout_milli
 OPEN_RETRIES = 3                       # attempts to open/claim before giving up
 RETRY_DELAY = 0.2                      # seconds between open attempts
 REENUMERATION_TIMEOUT = 10.0           # seconds to wait for 18d1:9302 after DFU
+# An enumerated stick is not necessarily ready (public reports: libedgetpu sleeps 1 s
+# before each of up to 25 open attempts "to reduce chances of transfer errors"): the
+# first register read of the bring-up is retried for at most READY_TIMEOUT seconds,
+# each attempt waiting at most READY_PROBE_TIMEOUT.  The same short read tells a
+# wedged stick (answers nothing) from one whose bulk transfer alone timed out.
+READY_TIMEOUT = 3.0
+READY_PROBE_TIMEOUT = 0.5
 DFU_ATTEMPTS = 3                       # firmware downloads tried before giving up
 DFU_RECOVERY_READS = 8                 # GETSTATUS reads while bringing the bootloader
                                        # back to dfuIDLE before a download

@@ -19,6 +19,15 @@ reads the answer of an earlier one.  A segment the simulated stick cannot load
 or whose computation fails on the given inputs comes back as ``ModelError`` /
 ``InferenceError`` with the stick's reason, and the stick stays usable.
 
+Two ways real sticks misbehave, after public reports (docs/usb.md, "Sticks
+that misbehave"): a stick that is enumerated but not ready yet (the first
+register read of the bring-up is retried for ``ready_timeout`` seconds, then
+``DeviceNotReadyError``), and a wedged stick that answers nothing until it is
+replugged (after a run's transfer times out, one short register read tells a
+wedged stick from a slow one: ``DeviceWedgedError``, saying to replug it; the
+device then refuses runs at once, without a transfer, until ``reset()`` or a
+reopen, which after the replug brings it back).
+
 The driver knows backends through pyusb's interface only, plus the optional
 :class:`~coralrt.usb.extension.BackendExtension` (lock scope, device time,
 which program kinds the device refuses), read once in ``open``; a backend
@@ -38,7 +47,7 @@ from coralrt.formats import segment_codec as seg_codec
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     ConfigError, DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError,
-    DeviceTimeoutError, ProgramRefusedError,
+    DeviceNotReadyError, DeviceTimeoutError, DeviceWedgedError, ProgramRefusedError,
 )
 from coralrt.usb import bringup, dfu, firmware
 from coralrt.usb import constants as C
@@ -70,6 +79,9 @@ class _ResetPending:
 
 _RESET_PENDING = _ResetPending()
 
+# Failures that only a replug fixes: runs are refused at once until reset() or a reopen.
+_NEEDS_REPLUG = (DeviceWedgedError, DeviceNotReadyError)
+
 
 def _out_of_step(failed) -> bool:
     """Whether ``UsbEdgeTpu._failed`` asks the next run to reset the stick first: it
@@ -86,7 +98,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     def __init__(self, path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,
                  firmware=None, reenumeration_timeout: float = C.REENUMERATION_TIMEOUT,
-                 open_retries: int = C.OPEN_RETRIES):
+                 open_retries: int = C.OPEN_RETRIES, ready_timeout: float = C.READY_TIMEOUT):
         self.requested = path
         self.path = path or "usb"
         self.backend = backend
@@ -94,6 +106,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
         self.firmware = firmware
         self.reenumeration_timeout = reenumeration_timeout
         self.open_retries = max(1, open_retries)
+        self.ready_timeout = float(ready_timeout)
         self.info = None
         self.usb_speed = "unknown"
         self.chip_info: dict = {}
@@ -146,7 +159,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
                 raise DeviceError(f"{info.path}: the stick runs at USB 1 speed, which "
                                   f"libedgetpu rejects; use a USB 2 or USB 3 port", path=info.path)
             t = Transport(dev, timeout=self.timeout, path=info.path)
-            self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed)
+            self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed,
+                                              ready_timeout=self.ready_timeout)
             # A fatal error raised during bring-up would otherwise show only as the
             # first run's timeout: read the fatal status before handing the stick out
             # (the interface and handle are let go below, as on every failure).
@@ -245,7 +259,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
         again.  A closed device raises DeviceError: open it instead.
         """
         with self._io_lock:
-            if self._t is None and not _out_of_step(self._failed):
+            if (self._t is None and not _out_of_step(self._failed)
+                    and not isinstance(self._failed, _NEEDS_REPLUG)):
                 raise DeviceError(f"device {self.path} is not open", path=self.path)
             log.info("%s: reset requested", self.path)
             self._resync()
@@ -260,6 +275,11 @@ class UsbEdgeTpu(EdgeTpuDevice):
         try:
             self._release()
             self.open()                     # resets _failed and what the stick holds
+        except _NEEDS_REPLUG as e:
+            # Trying again on every run would cost ready_timeout each time and cannot
+            # help: refuse runs at once until reset() or a reopen (after a replug).
+            self._failed = e
+            raise
         finally:
             self.requested = requested
 
@@ -304,6 +324,10 @@ class UsbEdgeTpu(EdgeTpuDevice):
     def _usable(self) -> Exchange:
         failed = self._failed
         if failed is not None:
+            if isinstance(failed, _NEEDS_REPLUG):
+                raise DeviceLostError(f"{self.path}: the stick stopped answering earlier "
+                                      f"({bringup.what_failed(failed)}); "
+                                      f"{bringup.REPLUG_ADVICE}", path=self.path)
             if isinstance(failed, DeviceError):
                 raise DeviceLostError(f"{self.path}: the stick failed earlier ({failed}); "
                                       f"close it and open it again", path=self.path)
@@ -341,6 +365,16 @@ class UsbEdgeTpu(EdgeTpuDevice):
             fatal = wire.framer.poll_interrupt(timeout=0.05)
             if fatal is not None and fatal & C.FATAL_INTERRUPT_BIT:
                 raise self._fatal(fatal) from e
+            if not bringup.answers(self._t):
+                # Not even a register read: the stick is wedged, and public reports
+                # say no reset helps (edgetpu#70, edgetpu#237).  Say so now rather
+                # than let the caller wait out a reset that cannot work.
+                wedged = DeviceWedgedError(
+                    f"{self.path}: {bringup.what_failed(e)}, and the stick no longer "
+                    f"answers register reads either: it is wedged; "
+                    f"{bringup.REPLUG_ADVICE}", errno=e.errno, path=self.path)
+                self._failed = wedged
+                raise wedged from e
             raise
         except DeviceError as e:
             self._failed = e

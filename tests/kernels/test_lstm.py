@@ -28,7 +28,8 @@ from coralrt.sim.kernels import lstm as lstm_kernels
 
 from .harness import check
 
-REAL_MODEL = Path("/work/shared/models/keras_lstm_mnist_ptq.tflite")
+# ../shared/models beside the repository (tests/kernels -> tests -> repository root).
+REAL_MODEL = Path(__file__).resolve().parents[3] / "shared" / "models" / "keras_lstm_mnist_ptq.tflite"
 
 
 def _run_both(data: bytes, batches: list[list[np.ndarray]]):

@@ -39,6 +39,32 @@ EPIPE), "disconnect" (USBError ENODEV; the stick no longer enumerates until
 time out until a reset) fire on the bulk or control transfer that comes
 after ``after`` more such transfers; "slow_reenumeration" delays the
 running-mode device by ``seconds`` after the next DFU reset.
+
+Two faults follow what public reports say real sticks do (docs/usb.md,
+"Sticks that misbehave"; neither was observed on hardware by this project):
+
+* "not_ready" (``seconds``, ``error``): the next time the stick comes up in
+  running mode (the re-enumeration after a firmware download, a port reset
+  of a running stick, a replug in running mode) it enumerates as 18d1:9302 at
+  once, but for ``seconds`` every control and bulk transfer fails with
+  ``error``: "io" (LIBUSB_ERROR_IO, the default), "pipe" (LIBUSB_ERROR_PIPE)
+  or "timeout" (LIBUSB_ERROR_TIMEOUT after the caller's timeout, capped).
+  Public facts: libedgetpu sleeps 1 s before every open attempt, 25 attempts
+  at most, because the sleep "seems to reduce chances of transfer errors"
+  (``usb_driver.cc``, CreateRawUsbDeviceWithRetry); RingCanary/
+  coral-usb-oxidized names the state *Enumerated-But-Unusable* ("device
+  presence (18d1:9302) is not equivalent to runtime readiness")
+  (reference users-and-benchmarks.md §1.3-1.4; edgetpu-stack.md §1.10).
+  Which libusb error such a stick gives is not in the public reports, so the
+  error is a parameter.
+* "wedge": fires like "timeout" on the transfer after ``after`` more, and
+  from then on every transfer (control, bulk, interrupt) times out, port
+  resets included, until ``replug``.  Public facts: "the LED keeps blinking
+  and only a replug helps" (edgetpu#70, edgetpu#237); after a poisoned state
+  "CSR reads time out ... software writes do not recover it. A physical
+  replug (power cycle) brings it back" (OXI §8.1-8.2, LRE "Device recovery",
+  in edgetpu-stack.md §1.10); resetting over CSRs did not recover the stick,
+  it needed re-enumeration (coral-usb-oxidized, users-and-benchmarks.md §1.4).
 """
 
 from __future__ import annotations
@@ -57,11 +83,15 @@ from coralrt.sim.stick.stick import SimulatedStick
 from coralrt.sim.stick.usb_errors import usb_error
 from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
 
-__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "REFUSES_DWN1"]
+__all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "NOT_READY_ERRORS",
+           "REFUSES_DWN1"]
 
 log = logging.getLogger("coralrt.usb")
 
-FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration")
+FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration", "not_ready",
+               "wedge")
+#: How a stick in the "not_ready" window fails a transfer (see the module docstring).
+NOT_READY_ERRORS = ("io", "pipe", "timeout")
 
 REFUSES_DWN1 = (
     "the simulated Edge TPU cannot execute edgetpu_compiler programs (their instructions are "
@@ -76,12 +106,16 @@ class Fault:
     after: int = 0
     device: int = 0
     seconds: float = 0.0
+    error: str = "io"        # "not_ready" only: how transfers fail in the window
 
     def __post_init__(self):
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; one of {FAULT_KINDS}")
         if self.after < 0 or self.seconds < 0:
             raise ValueError("fault 'after' and 'seconds' must be >= 0")
+        if self.error not in NOT_READY_ERRORS:
+            raise ValueError(f"unknown not_ready error {self.error!r}; one of "
+                             f"{NOT_READY_ERRORS}")
 
 
 @dataclass
@@ -91,8 +125,8 @@ class FaultPlan:
     faults: list[Fault] = field(default_factory=list)
 
     def add(self, kind: str, *, after: int = 0, device: int = 0,
-            seconds: float = 0.0) -> FaultPlan:
-        self.faults.append(Fault(kind, after, device, seconds))
+            seconds: float = 0.0, error: str = "io") -> FaultPlan:
+        self.faults.append(Fault(kind, after, device, seconds, error))
         return self
 
 
@@ -203,9 +237,9 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
     # -- test controls -------------------------------------------------------------------
 
     def inject(self, kind: str, *, after: int = 0, device: int = 0,
-               seconds: float = 0.0) -> None:
+               seconds: float = 0.0, error: str = "io") -> None:
         """Arm a fault on stick ``device`` (see the module docstring for the kinds)."""
-        fault = Fault(kind, after, device, seconds)
+        fault = Fault(kind, after, device, seconds, error)
         stick = self._stick(device)
         with stick.cond:
             stick.faults.append(fault)
@@ -216,7 +250,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         It enumerates at a new address in ``mode`` ("bootloader" or "running");
         None means the mode the backend started in, so that tests without a
         firmware image can recover.  A real stick always comes back in
-        bootloader mode.
+        bootloader mode.  A replug is the one thing that ends a "wedge".
         """
         if mode not in (None, "bootloader", "running"):
             raise ValueError(f"mode must be 'bootloader' or 'running', not {mode!r}")

@@ -22,6 +22,12 @@ bulk writes time out like a stick that NAKs.  A port reset brings the
 register file back to the recorded power-on answers and forgets loaded
 segments.  Every waiting call honours the caller's timeout, capped at the
 backend's ``max_wait`` so tests stay fast.
+
+"not_ready" opens a window, after the next time the stick comes up in
+running mode, in which every control and bulk transfer fails (the stick is
+enumerated but not ready); "wedge" makes every transfer time out, resets
+included, until a replug.  See :mod:`coralrt.sim.stick.backend` for the public
+reports they follow.
 """
 
 from __future__ import annotations
@@ -86,6 +92,9 @@ class SimulatedStick:
         self.generation = 0
         self.present = True
         self.appear_at = 0.0
+        self.not_ready_until = 0.0       # "not_ready": transfers fail until then
+        self.not_ready_error = "io"
+        self.wedged = False              # "wedge": nothing answers until a replug
         self.firmware_sha256: str | None = None   # of the image running (after DFU)
         self._power_on(self.initial_mode)
 
@@ -169,13 +178,42 @@ class SimulatedStick:
         self._record("fatal", value=FATAL_INTERRUPT_BIT, detail=reason)
         self.cond.notify_all()
 
+    def _misbehave(self, timeout_ms, generation: int) -> None:
+        """Fail the transfer if the stick is wedged or not ready yet (before it is
+        counted: such a stick does not see the request)."""
+        if self.wedged:
+            raise self._timeout(timeout_ms, generation, "the stick is wedged (replug it)")
+        if self.not_ready_until and time.monotonic() < self.not_ready_until:
+            kind = self.not_ready_error
+            self._record("not_ready", detail=kind)
+            if kind == "timeout":
+                raise self._timeout(timeout_ms, generation, "enumerated but not ready")
+            raise usb_error(errno.EPIPE if kind == "pipe" else errno.EIO,
+                            "enumerated but not ready")
+
+    def _start_not_ready(self) -> None:
+        """Open the window of an armed "not_ready" fault: the stick just came up in
+        running mode (it counts from when it becomes visible)."""
+        if self.mode != "running":
+            return
+        armed = [f for f in self.faults if f.kind == "not_ready"]
+        if not armed:
+            return
+        self.faults.remove(armed[0])
+        start = max(time.monotonic(), self.appear_at)
+        self.not_ready_until = start + armed[0].seconds
+        self.not_ready_error = armed[0].error
+        self._record("fault", kind="not_ready", seconds=armed[0].seconds,
+                     detail=armed[0].error)
+
     def _faults(self, timeout_ms, generation: int, dfu_request: bool = False) -> None:
         """Count a bulk/control transfer and fire the injected fault that is due
         (``dfu_request``: a DFU class request to the bootloader, which a stall
         leaves in dfuERROR)."""
+        self._misbehave(timeout_ms, generation)
         due = None
         for f in self.faults:
-            if f.kind == "slow_reenumeration":
+            if f.kind in ("slow_reenumeration", "not_ready"):
                 continue
             if f.after == 0 and due is None:
                 due = f
@@ -188,6 +226,9 @@ class SimulatedStick:
         self._record("fault", kind=due.kind)
         if due.kind == "timeout":
             raise self._timeout(timeout_ms, generation, "injected timeout")
+        if due.kind == "wedge":
+            self.wedged = True
+            raise self._timeout(timeout_ms, generation, "injected wedge")
         if due.kind == "stall":
             if dfu_request:
                 self.dfu.stalled()
@@ -212,8 +253,11 @@ class SimulatedStick:
         with self.cond:
             self.present = True
             self.appear_at = 0.0
+            self.wedged = False             # a power cycle is what ends a wedge
+            self.not_ready_until = 0.0
             self._power_on(mode or self.initial_mode)
             self._record("replug", mode=self.mode, address=self.address)
+            self._start_not_ready()
             self.cond.notify_all()
 
     def usb_reset(self, handle) -> None:
@@ -231,6 +275,10 @@ class SimulatedStick:
             else:
                 self._soft_reset()
                 self._record("reset", mode=self.mode)
+            # A wedged stick stays wedged: a port reset is software, and public
+            # reports say only a replug (power cycle) brings it back.
+            self.not_ready_until = 0.0
+            self._start_not_ready()
             self.cond.notify_all()
 
     def _reenumerate(self, mode: str) -> None:
@@ -312,6 +360,9 @@ class SimulatedStick:
             mv = memoryview(buff).cast("B")
             if ep != EP_INTERRUPT:
                 raise usb_error(errno.EPIPE, f"interrupt endpoint {ep:#x}")
+            if self.wedged:
+                raise self._timeout(timeout_ms, handle.generation,
+                                    "the stick is wedged (replug it)")
             if len(mv) < INTERRUPT_SIZE:
                 raise usb_error(errno.EOVERFLOW, f"interrupt read of {len(mv)} bytes < 4")
             got = self._wait(self._cap(timeout_ms),

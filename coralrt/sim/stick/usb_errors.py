@@ -25,6 +25,7 @@ _LIBUSB_TEXT = {  # errno -> the message libusb gives
     errno.ENOENT: "Entity not found",
     errno.EOVERFLOW: "Overflow",
     errno.EINVAL: "Invalid parameter",
+    errno.EIO: "Input/Output Error",
 }
 
 

@@ -1,0 +1,1 @@
+"""Tests that need a real Coral USB Accelerator (see conftest.py)."""
