@@ -20,8 +20,8 @@ import pytest
 
 from coralrt.cli.main import main
 from coralrt.compile.cache import CACHE_FORMAT_VERSION, CompileCache, make_key
-from coralrt.compile.cache_archive import (ARCHIVE_NAME, ARCHIVE_VERSION, export_cache,
-                                           import_cache)
+from coralrt.compile.cache_archive import ARCHIVE_NAME, ARCHIVE_VERSION, export_cache
+from coralrt.compile.cache_import import import_cache
 from coralrt.errors import CacheArchiveError, CoralRTError
 
 MODEL_A = b"TFL3" + bytes(range(256)) * 4

@@ -18,7 +18,8 @@ import logging
 from coralrt.cli._progress import Progress
 from coralrt.cli._text import dumps, size_str, table
 from coralrt.compile.cache import CompileCache
-from coralrt.compile.cache_archive import export_cache, import_cache
+from coralrt.compile.cache_archive import export_cache
+from coralrt.compile.cache_import import import_cache
 from coralrt.compile.digest import model_digest
 from coralrt.errors import CacheArchiveError
 
@@ -136,7 +137,7 @@ def _shown(value) -> str:
 
 
 def format_import(report: dict) -> str:
-    """The human-readable form of :func:`~coralrt.compile.cache_archive.import_cache`."""
+    """The human-readable form of :func:`~coralrt.compile.cache_import.import_cache`."""
     a = report["archive"]
     n = len(report["entries"])
     lines = [f"imported {report['imported']:,} of {_entries(n)} from {report['file']} into "

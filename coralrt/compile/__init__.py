@@ -9,7 +9,7 @@ emulator, ``emulation.py``; whole-model runs in ``whole.py``) and a compile
 service (``remote.py``); the on-disk compile cache (``cache.py``;
 ``cache_format.py``, its keys, records and checksums; ``cache_index.py``,
 its index by source model; ``cache_upkeep.py``, eviction and clearing;
-``cache_archive.py``, export and import;
+``cache_archive.py`` and ``cache_import.py``, export and import;
 ``digest.py``) and the just-in-time front (``jit.py``).  Nothing in it is
 used by the ``cpu`` target.
 
