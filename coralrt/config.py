@@ -246,17 +246,7 @@ def edgetpu_compiler() -> Path | None:
 
 def edgetpu_compiler_timeout() -> float:
     """Seconds one edgetpu_compiler run may take (``CORALRT_EDGETPU_COMPILER_TIMEOUT``)."""
-    value = _get(EDGETPU_COMPILER_TIMEOUT)
-    if value is None:
-        return DEFAULT_EDGETPU_COMPILER_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"{EDGETPU_COMPILER_TIMEOUT}={value!r} is not a positive number of "
-                          f"seconds (for example 180)")
-    return seconds
+    return _seconds(EDGETPU_COMPILER_TIMEOUT, DEFAULT_EDGETPU_COMPILER_TIMEOUT)
 
 
 # -- edgetpu_compiler under an x86-64 emulator (coralrt.compile.emulation) --------------
@@ -293,6 +283,7 @@ def x86_sysroot() -> Path | None:
 
 
 def _seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the variable ``name``, or ``default`` when unset."""
     value = _get(name)
     if value is None:
         return default
@@ -301,7 +292,8 @@ def _seconds(name: str, default: float) -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise ConfigError(f"{name}={value!r} is not a positive number of seconds")
+        raise ConfigError(f"{name}={value!r} is not a positive number of seconds (for "
+                          f"example {default:g})")
     return seconds
 
 

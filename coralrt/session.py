@@ -14,7 +14,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from coralrt.backends import get_backend, libedgetpu
+from coralrt.backends import get_backend
 from coralrt import targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.model import Model, load_model
@@ -105,7 +105,7 @@ class InferenceSession:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         check_strategy(strategy)
         check_max_pending(max_pending)
-        driver = libedgetpu.session_driver(driver, target)
+        driver = targets.resolve_driver(driver, target)
         self._backend = get_backend(backend)
         # What a signature's own session (another subgraph) is created with.
         self._settings = dict(num_threads=num_threads, backend=backend,

@@ -19,6 +19,7 @@ from typing import Union
 from typing import TYPE_CHECKING
 
 from coralrt.backends.base import CpuBackend
+from coralrt import config
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt.model import Model, load_model
 from coralrt.model.compiled import compiled_by, expected_plain, not_on_host, plain_sibling
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 # needs them: the cpu target never does, and they add about 100 ms to
 # `import coralrt`.
 
-__all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick", "usb_compiler"]
+__all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick", "usb_compiler",
+           "resolve_driver"]
 
 log = logging.getLogger("coralrt.session")
 
@@ -297,3 +299,26 @@ _PREPARE = {"cpu": prepare_cpu, "sim": prepare_sim, "coral": prepare_coral}
 def prepare(target: str, source, o: Options, parsed: Model | None = None) -> Prepared:
     """Everything a session on ``target`` needs (``parsed``: ``source`` already parsed)."""
     return _PREPARE[target](source, o, parsed)
+
+
+def resolve_driver(driver: str | None, target: str) -> str:
+    """The driver a session on ``target`` uses: ``driver=`` when given, else
+    ``CORALRT_DRIVER``.  ``driver="libedgetpu"`` given to ``cpu`` or ``sim`` is a
+    ConfigError; ``CORALRT_DRIVER=libedgetpu`` (process-wide) is not applied to
+    them, with a log line."""
+    if driver is None:
+        chosen = config.driver()
+        if chosen != config.DRIVERS[0] and target in ("cpu", "sim"):
+            log.info("%s=%s does not apply to target %r (only to 'coral', and 'auto' on a "
+                     "stick); not used", config.DRIVER, chosen, target)
+            return config.DRIVERS[0]
+        return chosen
+    if not isinstance(driver, str) or driver not in config.DRIVERS:
+        raise ConfigError(f"unknown driver {driver!r}; choose one of "
+                          f"{', '.join(config.DRIVERS)}")
+    if driver != config.DRIVERS[0] and target in ("cpu", "sim"):
+        raise ConfigError(
+            f"driver={driver!r} applies only to target='coral' (and 'auto' when it finds a "
+            f"stick); target {target!r} does not reach a Coral stick: drop driver= or use "
+            f"target='coral'")
+    return driver

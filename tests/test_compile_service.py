@@ -81,6 +81,7 @@ def test_health_names_the_compiler_only_with_the_token(tmp_path):
         assert status == 200 and body["compiler"] == {"id": "edgetpu_compiler",
                                                       "version": VERSION}
         assert body["limits"]["max_concurrent"] == 2 and body["load"]["requests"] == 0
+        assert body["limits"]["compile_timeout"] == 60.0     # the compiler's own limit
 
 
 def test_compile_answers_the_compilers_output_with_its_sha256(tmp_path):

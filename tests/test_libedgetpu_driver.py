@@ -202,7 +202,7 @@ def test_driver_keyword_on_cpu_and_sim_is_refused(target, monkeypatch):
 def test_the_variable_is_not_applied_to_cpu_and_sim(target, monkeypatch, caplog):
     monkeypatch.setenv(config.DRIVER, "libedgetpu")
     monkeypatch.setattr(via, "probe", no_probe)
-    with caplog.at_level(logging.INFO, logger="coralrt.backends"):
+    with caplog.at_level(logging.INFO, logger="coralrt.session"):
         sess = InferenceSession(shared_model(PLAIN), target=target)
     assert sess.target == target
     assert any("CORALRT_DRIVER=libedgetpu does not apply to target" in r.getMessage()

@@ -24,7 +24,6 @@ import logging
 import re
 from typing import Any
 
-from .. import config
 from ..errors import ConfigError, DriverUnavailableError, ModelError
 from ..formats.opnames import EDGETPU_OP, SEGMENT_OP
 from .base import KERNEL_SETS, CpuBackend
@@ -41,7 +40,7 @@ from .libedgetpu_probe import (LIBRARY, PROBE_TIMEOUT, Probe, clear_probe_cache,
 from .native_log import native_info_to_log
 
 __all__ = ["LIBRARY", "PROBE_TIMEOUT", "Probe", "probe", "clear_probe_cache",
-           "delegate_options", "session_driver", "check_ready", "load_program",
+           "delegate_options", "check_ready", "load_program",
            "DelegateProgram"]
 
 log = logging.getLogger("coralrt.backends")
@@ -78,29 +77,6 @@ def delegate_options(device) -> dict[str, str]:
             f"first stick) or 'usb:N' (libedgetpu's N-th USB stick); port paths are "
             f"understood by driver='coralrt' only")
     return {"device": f"usb:{int(m.group(1))}"}
-
-
-def session_driver(driver: str | None, target: str) -> str:
-    """The driver a session on ``target`` uses: ``driver=`` when given, else
-    ``CORALRT_DRIVER``.  ``driver="libedgetpu"`` given to ``cpu`` or ``sim`` is a
-    ConfigError; ``CORALRT_DRIVER=libedgetpu`` (process-wide) is not applied to
-    them, with a log line."""
-    if driver is None:
-        chosen = config.driver()
-        if chosen != config.DRIVERS[0] and target in ("cpu", "sim"):
-            log.info("%s=%s does not apply to target %r (only to 'coral', and 'auto' on a "
-                     "stick); not used", config.DRIVER, chosen, target)
-            return config.DRIVERS[0]
-        return chosen
-    if not isinstance(driver, str) or driver not in config.DRIVERS:
-        raise ConfigError(f"unknown driver {driver!r}; choose one of "
-                          f"{', '.join(config.DRIVERS)}")
-    if driver != config.DRIVERS[0] and target in ("cpu", "sim"):
-        raise ConfigError(
-            f"driver={driver!r} applies only to target='coral' (and 'auto' when it finds a "
-            f"stick); target {target!r} does not reach a Coral stick: drop driver= or use "
-            f"target='coral'")
-    return driver
 
 
 # -- loading ------------------------------------------------------------------------------

@@ -9,26 +9,16 @@ skipped with that reason.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from coralrt.cli._text import dumps
+from coralrt.cli.run_cmd import count_type
 from coralrt.errors import DeviceNotFoundError
 from coralrt.fileio import atomic_write
 
 __all__ = ["add_parser", "command_selftest", "EXIT_NO_STICK"]
 
 EXIT_NO_STICK = 2
-
-
-def _repeat(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
-    return n
 
 
 def add_parser(sub, parents) -> None:
@@ -49,7 +39,7 @@ def add_parser(sub, parents) -> None:
     src.add_argument("--download", action="store_true",
                      help="download the missing test models from google-coral/test_data into "
                           "the user cache folder (checked against pinned SHA-256 values)")
-    p.add_argument("--repeat", type=_repeat, default=10, metavar="N",
+    p.add_argument("--repeat", type=count_type(1), default=10, metavar="N",
                    help="warm runs per model; the median is reported (default 10)")
     p.add_argument("--json", metavar="FILE", type=Path, default=None,
                    help="also write the full report (versions, host, USB topology, every "

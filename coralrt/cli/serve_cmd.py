@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from coralrt import config
+from coralrt.cli.run_cmd import count_type
 from coralrt.compile.remote import is_loopback
 from coralrt.errors import ConfigError
 
@@ -30,16 +31,14 @@ def _size(text: str) -> int:
     return size
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-        return value
-    return parse
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def add_parser(sub, parents) -> None:
@@ -70,11 +69,11 @@ def add_parser(sub, parents) -> None:
                    help="size cap of that cache (default: CORALRT_CACHE_MAX_BYTES or 1G)")
     p.add_argument("--max-upload", type=_size, default=64 << 20, metavar="SIZE",
                    help="largest segment accepted (default 64M)")
-    p.add_argument("--compile-timeout", type=_positive(float), default=180.0, metavar="SEC",
+    p.add_argument("--compile-timeout", type=_seconds, default=180.0, metavar="SEC",
                    help="seconds one compile may take before it is stopped (default 180)")
-    p.add_argument("--max-concurrent", type=_positive(int), default=2, metavar="N",
+    p.add_argument("--max-concurrent", type=count_type(1), default=2, metavar="N",
                    help="compiles run at once (default 2)")
-    p.add_argument("--max-queue", type=_positive(int), default=32, metavar="N",
+    p.add_argument("--max-queue", type=count_type(1), default=32, metavar="N",
                    help="requests that may wait for a compile slot; more are answered "
                         "503 busy (default 32)")
     p.add_argument("--allow-anonymous", action="store_true",
@@ -133,7 +132,7 @@ def command(args) -> int:
                          else config.cache_dir() / "service",
                          max_bytes=args.cache_max_bytes, enabled=True)
     context = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
-    limits = Limits(max_upload_bytes=args.max_upload, compile_timeout=args.compile_timeout,
+    limits = Limits(max_upload_bytes=args.max_upload,
                     max_concurrent=args.max_concurrent, max_queue=args.max_queue)
     service = CompileService(compiler, cache, limits)
     os.umask(0o077)   # the cache holds what clients sent: for the service's user only

@@ -105,7 +105,7 @@ async def _health(request: web.Request) -> web.Response:
     service = request.app[_SERVICE_KEY]
     return web.json_response({
         "status": "ok", "service": SERVICE, "coralrt": coralrt_version(),
-        "compiler": service.identity(), "limits": service.limits.to_dict(),
+        "compiler": service.identity(), "limits": service.limits_dict(),
         "load": service.status()})
 
 

@@ -26,6 +26,7 @@ TFLite model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -59,14 +60,8 @@ class Busy(Exception):
 @dataclass(frozen=True)
 class Limits:
     max_upload_bytes: int = 64 << 20     # one segment; Edge TPU models are a few MB
-    compile_timeout: float = 180.0       # edgetpu_compiler's own default
     max_concurrent: int = 2              # compiler runs at once
     max_queue: int = 32                  # requests waiting for a compile slot
-
-    def to_dict(self) -> dict:
-        return {"max_upload_bytes": self.max_upload_bytes,
-                "compile_timeout": self.compile_timeout,
-                "max_concurrent": self.max_concurrent, "max_queue": self.max_queue}
 
 
 class CompileService:
@@ -93,6 +88,10 @@ class CompileService:
 
     def identity(self) -> dict:
         return {"id": self.compiler.id, "version": self.compiler.version}
+
+    def limits_dict(self) -> dict:
+        """The limits ``GET /health`` reports; the compile time limit is the compiler's."""
+        return {**dataclasses.asdict(self.limits), "compile_timeout": self.compiler.timeout}
 
     def status(self) -> dict:
         return {"compiling": self.running, "waiting": self.waiting, **self.counts}

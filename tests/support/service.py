@@ -50,6 +50,6 @@ def service(tmp: Path, *, delay: float = 0.0, token: str | None = None, ssl_cont
     compiler = stand_in(tmp / "bin", delay=delay)
     svc = CompileService(EdgeTpuCompiler(compiler, timeout=compile_timeout),
                          CompileCache(tmp / "service-cache", enabled=True),
-                         Limits(compile_timeout=compile_timeout, **limits))
+                         Limits(**limits))
     with running(svc, token=token, ssl_context=ssl_context) as url:
         yield url, svc, compiler
