@@ -84,7 +84,10 @@ def box_score_outputs(session) -> list[int] | None:
 
 
 def _real(info, a) -> np.ndarray:
-    return info.dequantize(a) if info.is_quantized else np.asarray(a, np.float64)
+    # The post-process leaves the rows past its count uninitialised: whatever bits
+    # they hold (NaN included) are converted without a warning and never read.
+    with np.errstate(invalid="ignore", over="ignore"):
+        return info.dequantize(a) if info.is_quantized else np.asarray(a, np.float64)
 
 
 def _to_bbox(yxyx, placement: Placement) -> BBox:
