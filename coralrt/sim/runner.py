@@ -13,6 +13,7 @@ from coralrt.formats.segment import Segment
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext, kernel_for
+from coralrt.sim.parallel import blas_single_threaded
 
 __all__ = ["SegmentRunner"]
 
@@ -58,9 +59,10 @@ class SegmentRunner:
         values = dict(self._constants)
         values.update(self._state)
         values.update(zip(self._inputs, inputs))
-        for run, ins, outs in self._steps:
-            results = run([values[k] if k >= 0 else None for k in ins])
-            values.update(zip(outs, results))
+        with blas_single_threaded():
+            for run, ins, outs in self._steps:
+                results = run([values[k] if k >= 0 else None for k in ins])
+                values.update(zip(outs, results))
         return [values[k] for k in self._outputs]
 
 

@@ -49,6 +49,43 @@ RATIOS = [
     ("sim", "litert_default", "ratio sim / LiteRT default kernels (median)", "for reference"),
 ]
 
+#: Interleaved sim-vs-LiteRT benchmarks (test_bench_sim.py): model key ->
+#: (goal for sim / LiteRT default kernels with one thread, or None, and the sim
+#: median measured before the simulator work, or None; "no slower than
+#: before" allows BASELINE_NOISE for run-to-run noise).  The test records
+#: ``interleaved <key> sim`` and ``interleaved <key> litert``; like RATIO_GOAL
+#: these goals are reported, not asserted.
+INTERLEAVED_GOALS = {
+    "mobilenet_v2_uint8": (3.0, None),
+    "mobilenet_v2_int8_per_channel": (5.0, None),
+    "deeplabv3_mnv2_dm05": (4.0, None),
+    "keras_lstm_mnist": (None, 3.27e-3),
+    "ssd_mobilenet_v1_head": (None, 0.82e-3),
+}
+BASELINE_NOISE = 1.05
+
+
+def _interleaved_lines(medians: dict) -> list[str]:
+    lines = []
+    for key, (goal, baseline) in INTERLEAVED_GOALS.items():
+        sim, lite = medians.get(f"interleaved {key} sim"), medians.get(f"interleaved {key} litert")
+        if sim is None or lite is None:
+            continue
+        ratio = sim / lite
+        if goal is not None:
+            verdict = "met" if ratio <= goal else "NOT met"
+            lines.append(f"ratio {key} sim / LiteRT default 1 thread (interleaved medians): "
+                         f"{ratio:.2f} (goal <= {goal:g}: {verdict})")
+        else:
+            lines.append(f"ratio {key} sim / LiteRT default 1 thread (interleaved medians): "
+                         f"{ratio:.2f} (for reference)")
+        if baseline is not None:
+            verdict = "met" if sim <= baseline * BASELINE_NOISE else "NOT met"
+            lines.append(f"{key} sim median {sim * 1e3:.3f} ms vs baseline "
+                         f"{baseline * 1e3:.2f} ms: {sim / baseline:.2f}x (goal: no slower "
+                         f"than before, <= {BASELINE_NOISE:g}x: {verdict})")
+    return lines
+
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's table
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -61,3 +98,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_line(f"median {key}: {value * 1e3:.3f} ms")
     for num, den, label, goal in shown:
         terminalreporter.write_line(f"{label}: {medians[num] / medians[den]:.3f} ({goal})")
+    for line in _interleaved_lines(medians):
+        terminalreporter.write_line(line)

@@ -29,10 +29,13 @@ import numpy as np
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.sim.kernels import OpContext, Run, register
 from coralrt.sim.kernels.gemm import (
-    _BAND_ELEMENTS, _F32_EXACT, _SAME, DoubleRequantizer, ExactGemm, Requantizer, _bias,
+    _BAND_ELEMENTS, _GEMM_BAND_ELEMENTS, _F32_EXACT, _SAME, DoubleRequantizer, ExactGemm, Requantizer, _bias,
     _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const, _padded,
     _quant_setup, _window, activation_range, compute_out_size, compute_padding,
 )
+
+from coralrt.sim.parallel import for_bands
+from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
 
@@ -51,27 +54,40 @@ def conv_2d(ctx: OpContext) -> Run:
                                                   f"filters of depth {ic})")
     sh, sw, dh, dw, oh, ow, pt, pl, hp, wp = _conv_geometry(ctx, op, x_t.shape, kh, kw,
                                                             out_t.shape)
-    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 2, oc, op))
+    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 2, oc, op), w, 0)
     x_zp = ctx.zero_point(x_t)
     b = (w.astype(np.int64) - w_offset).reshape(oc, kh * kw * ic).T
     gemm = ExactGemm(b, _max_abs_input(ctx.dtype(x_t), x_zp))
-    pointwise = kh == 1 and kw == 1
-    m = n * oh * ow
+    pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
+    depth = kh * kw * c
+    # Output rows per band: a band's GEMM input and accumulators stay in cache.
+    band = max(1, _GEMM_BAND_ELEMENTS // max(ow * max(depth, oc), 1))
 
     def run(inputs):
         x = inputs[0]
-        buf = _padded(x, x_zp, pt, pl, hp, wp)
+        out = np.empty((n, oh, ow, oc), requant.dtype)
         if pointwise:
-            a = buf if sh == 1 and sw == 1 else np.ascontiguousarray(buf[:, ::sh, ::sw])
-            a = a.reshape(m, c)
+            src = x if sh == 1 and sw == 1 else x[:, ::sh, ::sw]
         else:
-            cols = np.empty((n, oh, ow, kh, kw, c), np.float32)
-            for i in range(kh):
-                for j in range(kw):
-                    cols[:, :, :, i, j, :] = _window(buf, i * dh, j * dw, oh, ow, sh, sw)
-            a = cols.reshape(m, kh * kw * c)
-        out = requant(gemm(a))
-        return [out.reshape(n, oh, ow, oc)]
+            buf = _padded(x, x_zp, pt, pl, hp, wp)
+
+        def rows(y0, y1):
+            r = (y1 - y0) * ow
+            a = TEMPORARIES.array("conv.a", (r, depth), np.float32)
+            acc = TEMPORARIES.array("conv.acc", (r, oc), gemm.dtype)
+            for bi in range(n):
+                if pointwise:
+                    np.subtract(src[bi, y0:y1], np.float32(x_zp), out=a.reshape(y1 - y0, ow, c))
+                else:          # im2col of the band's rows
+                    cols = a.reshape(1, y1 - y0, ow, kh, kw, c)
+                    for i in range(kh):
+                        for j in range(kw):
+                            cols[:, :, :, i, j, :] = _window(buf[bi:bi + 1], i * dh + y0 * sh,
+                                                             j * dw, y1 - y0, ow, sh, sw)
+                requant(gemm(a, out=acc), out=out[bi, y0:y1].reshape(r, oc))
+
+        for_bands(oh, band, rows)
+        return [out]
 
     return run
 
@@ -92,35 +108,52 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
     dm = oc // c          # TFLite derives the multiplier from the shapes
     sh, sw, dh, dw, oh, ow, pt, pl, hp, wp = _conv_geometry(ctx, op, x_t.shape, kh, kw,
                                                             out_t.shape)
-    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 2, oc, op))
+    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 2, oc, op), w, 3)
     x_zp = ctx.zero_point(x_t)
     wi = w.astype(np.int64).reshape(kh, kw, oc) - w_offset
     bound = _max_abs_input(ctx.dtype(x_t), x_zp) * int(np.abs(wi).sum(axis=(0, 1)).max())
     ftype = np.float32 if bound < _F32_EXACT else np.float64
-    taps = [(i * dh, j * dw, wi[i, j].astype(ftype)) for i in range(kh) for j in range(kw)]
-
-    # Output rows are done a band at a time so that the tap sums and their
-    # requantization stay in cache.
+    # Stride-1 windows are whole rows of ow * oc contiguous values, so each tap
+    # is one long multiply-add against its weights tiled along the row.  Strided
+    # columns are first split into sw phases (column p, p + sw, ...), which
+    # makes their windows contiguous too.
+    phases = [(j * dw) % sw for j in range(kw)]
+    taps = [(i * dh, j * dw // sw, phases[j], np.tile(wi[i, j].astype(ftype), ow))
+            for i in range(kh) for j in range(kw)]
+    pw = -(-wp // sw)                      # columns per phase
     band = max(1, _BAND_ELEMENTS // max(n * ow * oc, 1))
 
     def run(inputs):
-        buf = _padded(inputs[0], x_zp, pt, pl, hp, wp, ftype)
+        x = inputs[0]
+        buf = _padded(x, x_zp, pt, pl, hp, wp, ftype)
         if dm > 1:
             buf = np.repeat(buf, dm, axis=3)
+        if sw > 1:
+            split = TEMPORARIES.array("depthwise.phases", (sw, n, hp, pw, oc), ftype)
+            for p in range(sw):
+                cols = buf[:, :, p::sw]
+                split[p, :, :, :cols.shape[2]] = cols
+                split[p, :, :, cols.shape[2]:] = 0
+        else:
+            split = buf[None]
         out = np.empty((n, oh, ow, oc), requant.dtype)
-        acc = np.empty((n, min(band, oh), ow, oc), ftype)
-        tmp = np.empty_like(acc)
-        for y in range(0, oh, band):
-            rows = min(band, oh - y)
-            a, t = acc[:, :rows], tmp[:, :rows]
-            for k, (i, j, wt) in enumerate(taps):
-                win = _window(buf, i + y * sh, j, rows, ow, sh, sw)
-                if k == 0:
-                    np.multiply(win, wt, out=a)
-                else:
-                    np.multiply(win, wt, out=t)
-                    a += t
-            out[:, y:y + rows] = requant(a)
+
+        def rows(y0, y1):
+            r = y1 - y0
+            acc = TEMPORARIES.array("depthwise.acc", (r, ow * oc), ftype)
+            tmp = TEMPORARIES.array("depthwise.tmp", (r, ow * oc), ftype)
+            for bi in range(n):
+                for k, (i, j, p, wt) in enumerate(taps):
+                    rows_ = split[p, bi, i + y0 * sh:i + (y1 - 1) * sh + 1:sh, j:j + ow]
+                    win = rows_.reshape(r, ow * oc)
+                    if k == 0:
+                        np.multiply(win, wt, out=acc)
+                    else:
+                        np.multiply(win, wt, out=tmp)
+                        acc += tmp
+                requant(acc.reshape(r * ow, oc), out=out[bi, y0:y1].reshape(r * ow, oc))
+
+        for_bands(oh, band, rows)
         return [out]
 
     return run
@@ -215,7 +248,7 @@ def transpose_conv(ctx: OpContext) -> Run:
     # Padding as for a convolution from the output back to the input.
     pt = compute_padding(sh, 1, oh, kh, compute_out_size(padding, oh, kh, sh))
     pl = compute_padding(sw, 1, ow, kw, compute_out_size(padding, ow, kw, sw))
-    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 3, oc, op))
+    w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 3, oc, op), w, 0)
     x_zp = ctx.zero_point(x_t)
     wi = w.astype(np.int64) - w_offset
     b = wi.transpose(3, 1, 2, 0).reshape(ic, kh * kw * oc)
