@@ -25,6 +25,7 @@ reproduced here:
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.sim.kernels import OpContext, Run, register
@@ -35,6 +36,10 @@ from coralrt.sim.kernels.gemm import (
 )
 
 from coralrt.sim.parallel import for_bands
+
+# Channels from which a depthwise convolution sums its taps with one einsum
+# (measured: 1.5x faster at 72 channels, 3.9x at 480, slower at 32).
+_EINSUM_CHANNELS = 64
 from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
@@ -113,10 +118,15 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
     wi = w.astype(np.int64).reshape(kh, kw, oc) - w_offset
     bound = _max_abs_input(ctx.dtype(x_t), x_zp) * int(np.abs(wi).sum(axis=(0, 1)).max())
     ftype = np.float32 if bound < _F32_EXACT else np.float64
-    # Stride-1 windows are whole rows of ow * oc contiguous values, so each tap
-    # is one long multiply-add against its weights tiled along the row.  Strided
-    # columns are first split into sw phases (column p, p + sw, ...), which
-    # makes their windows contiguous too.
+    # Two ways to sum the taps, both exact (integer partial sums below the
+    # float type's 2^24 or 2^53, in any order).  With many channels, one einsum
+    # over a strided view of all kh * kw windows (its inner loop runs along the
+    # channels).  With few, one multiply-add per tap over whole rows: stride-1
+    # windows are rows of ow * oc contiguous values, against the tap's weights
+    # tiled along the row; strided columns are first split into sw phases
+    # (column p, p + sw, ...), which makes their windows contiguous too.
+    wide = oc >= _EINSUM_CHANNELS
+    wk = wi.astype(ftype)
     phases = [(j * dw) % sw for j in range(kw)]
     taps = [(i * dh, j * dw // sw, phases[j], np.tile(wi[i, j].astype(ftype), ow))
             for i in range(kh) for j in range(kw)]
@@ -128,6 +138,22 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
         buf = _padded(x, x_zp, pt, pl, hp, wp, ftype)
         if dm > 1:
             buf = np.repeat(buf, dm, axis=3)
+        out = np.empty((n, oh, ow, oc), requant.dtype)
+        if wide:
+            s0, s1, s2 = buf.strides[1:]
+
+            def rows(y0, y1):
+                r = y1 - y0
+                acc = TEMPORARIES.array("depthwise.acc", (r, ow, oc), ftype)
+                for bi in range(n):
+                    windows = as_strided(buf[bi, y0 * sh:], shape=(r, ow, kh, kw, oc),
+                                         strides=(s0 * sh, s1 * sw, s0 * dh, s1 * dw, s2),
+                                         writeable=False)
+                    np.einsum("rxijc,ijc->rxc", windows, wk, out=acc)
+                    requant(acc.reshape(r * ow, oc), out=out[bi, y0:y1].reshape(r * ow, oc))
+
+            for_bands(oh, band, rows)
+            return [out]
         if sw > 1:
             split = TEMPORARIES.array("depthwise.phases", (sw, n, hp, pw, oc), ftype)
             for p in range(sw):
@@ -136,7 +162,6 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
                 split[p, :, :, cols.shape[2]:] = 0
         else:
             split = buf[None]
-        out = np.empty((n, oh, ow, oc), requant.dtype)
 
         def rows(y0, y1):
             r = y1 - y0

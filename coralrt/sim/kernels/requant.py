@@ -67,6 +67,8 @@ __all__ = ["Requantizer", "DoubleRequantizer"]
 _EXACT = 1 << 53                       # integers float64 holds exactly
 _F32_HALVES = 1 << 23                  # halves of integers float32 holds exactly
 _TILE = 2048                           # per-channel constants tiled to this length
+_F32_CHECK = 1 << 21                   # longest range of x the float32 check covers
+_F32_NUDGES = 4                        # offsets tried per float32 multiplier
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -189,6 +191,15 @@ class Requantizer:
         else:   # np.maximum/np.minimum: clip with array bounds is several times slower
             np.maximum(t, c["xlo"], out=t)
             np.minimum(t, c["xhi"], out=t)
+        o8 = out.view(np.uint8)
+        f32 = c["f32"]
+        if f32 is not None and t.dtype == np.float32:
+            s = TEMPORARIES.array("requant.s", blk.shape, np.float32) if c["signed"] else None
+            np.copyto(o8, _float32_steps(t, f32["r"], f32["kc"], f32["dh"], c, s),
+                      casting="unsafe")
+            if c["flip"]:
+                np.bitwise_xor(o8, 0x80, out=o8)
+            return
         y = TEMPORARIES.array("requant.y", blk.shape, np.float64)
         np.multiply(t, c["r"], out=y, dtype=np.float64)
         np.add(y, c["kc"], out=y)
@@ -197,7 +208,6 @@ class Requantizer:
             np.add(y, t, out=y)
         if c["clamp_out"]:
             _clip(y, c["ylo"], c["yhi"], out=y)
-        o8 = out.view(np.uint8)
         np.copyto(o8, y, casting="unsafe")          # truncation = floor: y >= 0
         if c["flip"]:
             np.bitwise_xor(o8, 0x80, out=o8)
@@ -326,7 +336,62 @@ def _float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict 
         plan[k] = arr[0] if (arr == arr[0]).all() else arr
     plan["uniform_bounds"] = not isinstance(plan["xlo"], np.ndarray) and \
         not isinstance(plan["xhi"], np.ndarray)
+    plan["f32"] = None
+    if plan["uniform_bounds"] and not any(isinstance(plan[k], np.ndarray)
+                                          for k in ("r", "kc", "dh")):
+        plan["f32"] = _float32_constants(plan, lambda x: _exact_f(x, m[0], e[0], K[0]) + off)
     return plan
+
+
+def _float32_steps(t: np.ndarray, r, kc, dh, plan: dict, s: np.ndarray) -> np.ndarray:
+    """The float32 form, in place on ``t`` (x, or x + 1/2 in the signed form, already
+    clamped): t * r + kc (+ copysign(dh, t)), clamped.  ``s``: a scratch array.
+    The one sequence of float32 operations both the check and the kernels run."""
+    np.multiply(t, r, out=t)
+    if plan["signed"]:
+        np.copysign(dh, t, out=s)        # t * r has the sign of t (r > 0, |t| >= 1/2)
+    np.add(t, kc, out=t)
+    if plan["signed"]:
+        np.add(t, s, out=t)
+    if plan["clamp_out"]:
+        _clip(t, np.float32(plan["ylo"]), np.float32(plan["yhi"]), out=t)
+    return t
+
+
+def _float32_constants(plan: dict, exact) -> dict | None:
+    """float32 (r, kc, dh) for which the float32 form gives exactly F(x) + off for
+    every x of the clamped range, checked one x at a time; None if no candidate
+    near the float64 constants passes or the range is too long to check.
+
+    float32 cannot hold the products exactly, so this is a proof by exhaustion
+    instead of by bounds: float32 arithmetic is deterministic (every operation
+    correctly rounded, none fused), so the kernels, which run the same
+    operations on the same clamped x, produce what was checked.  The values
+    must also stay in (-1, 256), where the cast to uint8 truncates."""
+    half = 0.5 if plan["signed"] else 0.0
+    lo, hi = float(plan["xlo"]) - half, float(plan["xhi"]) - half
+    if hi - lo + 1 > _F32_CHECK:
+        return None
+    xs = np.arange(int(lo), int(hi) + 1, dtype=np.int64)
+    want = exact(xs)
+    t0 = xs.astype(np.float32) + np.float32(half)
+    r64, kc64, dh = float(plan["r"]), float(plan["kc"]), np.float32(plan["dh"])
+    r0, kc0 = np.float32(r64), np.float32(kc64)
+    for r in (r0, np.nextafter(r0, np.float32(np.inf)), np.nextafter(r0, np.float32(0))):
+        kc = kc0
+        for step in range(_F32_NUDGES):
+            y = _float32_steps(t0.copy(), r, kc, dh, plan, np.empty_like(t0))
+            if y.min(initial=0) > -1 and y.max(initial=0) < 256:
+                got = y.astype(np.uint8).astype(np.int64)
+                bad = got != want
+                if not bad.any():
+                    return {"r": r, "kc": kc, "dh": dh}
+                # Nudge the offset toward the side the misses are on.
+                direction = np.inf if (got[bad] < want[bad]).sum() >= bad.sum() / 2 else -np.inf
+            else:
+                break
+            kc = np.nextafter(kc, np.float32(direction))
+    return None
 
 
 class DoubleRequantizer:
