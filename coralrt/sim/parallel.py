@@ -17,9 +17,14 @@ it is set when the first simulated inference starts and lifted when the
 last one in flight ends, so NumPy code running beside the simulator in other
 threads gets single-threaded BLAS meanwhile.
 
-``CORALRT_SIM_THREADS`` sets the number of threads (``1``: everything on the
-calling thread); the default is the number of CPUs the process may use,
-at most 8.
+``CORALRT_SIM_THREADS`` sets the number of threads: a positive integer, or
+``auto`` for the CPUs the process may use (at most 8).  The default is 1,
+everything on the calling thread, because that is what measured fastest on
+the two-core machines the project runs on: row bands on two threads made
+MobileNet v2 5-10 % slower, and even two independent inferences in two
+processes gained only 1.13x in throughput, the cores sharing the memory
+bandwidth these element-wise loops are bound by (docs/simulator.md, "Speed
+of the simulation").  Machines whose cores scale can opt in.
 
 May import (layer 6): errors, config and the standard library.
 """
@@ -35,7 +40,7 @@ from coralrt.errors import ConfigError
 
 __all__ = ["threads", "for_bands", "blas_single_threaded"]
 
-_MAX_DEFAULT = 8
+_MAX_AUTO = 8
 _local = threading.local()            # .busy: True while a thread works on bands
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -43,21 +48,24 @@ _pool_lock = threading.Lock()
 
 
 def threads() -> int:
-    """Threads the simulated Edge TPU uses (``CORALRT_SIM_THREADS`` or the CPUs)."""
-    raw = os.environ.get("CORALRT_SIM_THREADS", "").strip()
-    if raw:
+    """Threads the simulated Edge TPU uses (``CORALRT_SIM_THREADS``, default 1)."""
+    raw = os.environ.get("CORALRT_SIM_THREADS", "").strip().lower()
+    if not raw:
+        return 1
+    if raw == "auto":
         try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError(f"CORALRT_SIM_THREADS must be a positive integer, got {raw!r}")
-        return n
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):      # not Linux
+            cpus = os.cpu_count() or 1
+        return max(1, min(cpus, _MAX_AUTO))
     try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):          # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_DEFAULT))
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"CORALRT_SIM_THREADS must be a positive integer or 'auto', "
+                          f"got {raw!r}")
+    return n
 
 
 def _executor(helpers: int) -> ThreadPoolExecutor:
@@ -103,6 +111,10 @@ def for_bands(total: int, band: int, fn) -> None:
         try:
             while (piece := take()) is not None:
                 fn(*piece)
+        except BaseException:
+            with lock:
+                state["stop"] = True       # a failure stops the other bands early
+            raise
         finally:
             _local.busy = False
 
@@ -111,7 +123,7 @@ def for_bands(total: int, band: int, fn) -> None:
         work()
     finally:
         with lock:
-            state["stop"] = True           # a failure stops the other bands early
+            state["stop"] = True
         errors = []
         for f in futures:
             if not f.cancel():

@@ -14,6 +14,7 @@ from coralrt.errors import UnsupportedOperatorError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext, kernel_for
 from coralrt.sim.parallel import blas_single_threaded
+from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["SegmentRunner"]
 
@@ -62,7 +63,12 @@ class SegmentRunner:
         with blas_single_threaded():
             for run, ins, outs in self._steps:
                 results = run([values[k] if k >= 0 else None for k in ins])
-                values.update(zip(outs, results))
+                # A kernel's temporaries are reused by the next kernel and the next
+                # run: a result living in one would change under its reader.  The
+                # kernels allocate their outputs; this keeps a slip from becoming
+                # a wrong answer.
+                values.update((k, v.copy() if TEMPORARIES.owns(v) else v)
+                              for k, v in zip(outs, results))
         return [values[k] for k in self._outputs]
 
 

@@ -50,15 +50,16 @@ class Arena:
             held = buffers[name] = (raw[start:], nbytes)
         return held[0][:nbytes].view(dtype).reshape(shape)
 
-    def owns(self, a: np.ndarray) -> bool:
+    def owns(self, a) -> bool:
         """True if ``a`` is (a view of) one of this thread's buffers."""
-        bases = {id(held[0].base) for held in self._buffers().values()}
-        if not bases:
+        buffers = self._buffers()
+        if not buffers or not isinstance(a, np.ndarray):
             return False
-        while a is not None:
+        bases = {id(held[0].base) for held in buffers.values()}
+        while isinstance(a, np.ndarray):
             if id(a) in bases:
                 return True
-            a = a.base if isinstance(a, np.ndarray) else None
+            a = a.base
         return False
 
     def release(self) -> None:

@@ -90,7 +90,9 @@ def conv_cases(draw, depthwise=False):
     dtype = draw(st.sampled_from(DTYPES))
     n = draw(st.integers(1, 2))
     h, w = draw(st.integers(1, 11)), draw(st.integers(1, 11))
-    c = draw(st.integers(1, 6))
+    # Depthwise: also enough channels for the einsum form (64 or more output channels).
+    c = draw(st.one_of(st.integers(1, 6), st.integers(22, 70))) if depthwise \
+        else draw(st.integers(1, 6))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     dh, dw = draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([1, 1, 2]))
@@ -188,9 +190,9 @@ def test_depthwise_conv_2d(case):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("size,stride", [(56, 1), (28, 2), (7, 1)])
-def test_depthwise_mobilenet_shapes(dtype, size, stride):
-    rng = np.random.default_rng(size + stride)
-    c = 48
+@pytest.mark.parametrize("c", [48, 96])          # the tap form and the einsum form
+def test_depthwise_mobilenet_shapes(dtype, size, stride, c):
+    rng = np.random.default_rng(size + stride + c)
     q = Quant(rng, dtype, c, dtype == np.int8, 9)
     w, w_zp = _weights(rng, (1, 3, 3, c), dtype, None)
     out = compute_out_size(0, size, 3, stride)

@@ -83,7 +83,14 @@ def conv_2d(ctx: OpContext) -> Run:
             for bi in range(n):
                 if pointwise:
                     np.subtract(src[bi, y0:y1], np.float32(x_zp), out=a.reshape(y1 - y0, ow, c))
-                else:          # im2col of the band's rows
+                elif dw == 1:  # im2col: a window row's kw taps are kw * c contiguous values
+                    cols = a.reshape(y1 - y0, ow, kh, kw * c)
+                    s0, s1, s2 = buf.strides[1:]
+                    for i in range(kh):
+                        cols[:, :, i] = as_strided(buf[bi, i * dh + y0 * sh:],
+                                                   shape=(y1 - y0, ow, kw * c),
+                                                   strides=(s0 * sh, s1 * sw, s2), writeable=False)
+                else:          # im2col, one tap at a time
                     cols = a.reshape(1, y1 - y0, ow, kh, kw, c)
                     for i in range(kh):
                         for j in range(kw):

@@ -69,8 +69,14 @@ def average_pool_2d(ctx: OpContext) -> Run:
     hh, ww = max(min(h, hp - pt), 0), max(min(w, wp - pl), 0)
     acc_type = np.int32 if 255 * hp * wp < 2**31 else np.int64
 
+    # One window covering the whole input (a global average pool): a plain sum.
+    whole = oh == 1 and ow == 1 and pt == 0 and pl == 0
+
     def run(inputs):
         x = inputs[0]
+        if whole:
+            acc = x[:, :hh, :ww].sum(axis=(1, 2), dtype=np.int64, keepdims=True)
+            return [_average(acc)]
         integral = np.zeros((n, hp + 1, wp + 1, c), acc_type)
         integral[:, 1 + pt:1 + pt + hh, 1 + pl:1 + pl + ww] = x[:, :hh, :ww]
         np.cumsum(integral, axis=1, out=integral)
@@ -79,6 +85,10 @@ def average_pool_2d(ctx: OpContext) -> Run:
         ye, xe = slice(fh, fh + (oh - 1) * sh + 1, sh), slice(fw, fw + (ow - 1) * sw + 1, sw)
         acc = (integral[:, ye, xe].astype(np.int64) - integral[:, ys, xe]
                - integral[:, ye, xs] + integral[:, ys, xs])
+        return [_average(acc)]
+
+    def _average(acc):
+        """Window sums -> averages rounded half away from zero, clamped."""
         if signed:
             neg = acc < 0
             np.abs(acc, out=acc)
@@ -89,7 +99,7 @@ def average_pool_2d(ctx: OpContext) -> Run:
             acc += half
             acc //= counts
         np.clip(acc, lo, hi, out=acc)
-        return [acc.astype(dtype)]
+        return acc.astype(dtype)
 
     return run
 

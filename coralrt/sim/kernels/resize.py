@@ -137,6 +137,9 @@ def _bilinear_uint8(ctx: OpContext, ih: int, iw: int, oh: int, ow: int, align: b
     top = full * wy0[:, :, 0] * wx0 + full * wy1[:, :, 0] * wx0 + full * wy0[:, :, 0] * wx1 \
         + full * wy1[:, :, 0] * wx1 + _F(0.5)
     direct = bool(top.max(initial=0) < 256)
+    # The source columns are non-decreasing (floor and ceil of increasing positions).
+    sorted_cols = bool((np.diff(x0) >= 0).all() and (np.diff(x1) >= 0).all())
+    counts = (np.bincount(x0, minlength=iw), np.bincount(x1, minlength=iw))
     band = max(1, _BAND // max(ow * c, 1))
 
     def run(inputs):
@@ -148,14 +151,19 @@ def _bilinear_uint8(ctx: OpContext, ih: int, iw: int, oh: int, ow: int, align: b
         out = np.empty((n, oh, ow, c), np.uint8)
         flat = out.reshape(n, oh, ow * c)
 
+        def gather(src, b, r0, r1, which):
+            if sorted_cols:      # runs of repeated columns: np.repeat, 5x faster than take
+                return np.repeat(src[b, r0:r1].reshape(r1 - r0, iw, c), counts[which],
+                                 axis=1).reshape(r1 - r0, ow * c)
+            t = TEMPORARIES.array(f"resize.{which}", (r1 - r0, ow * c), _F)
+            return np.take(src[b, r0:r1], (i0, i1)[which], axis=1, out=t)
+
         def rows(r0, r1):
-            v = TEMPORARIES.array("resize.v", (r1 - r0, ow * c), _F)
-            t = TEMPORARIES.array("resize.t", (r1 - r0, ow * c), _F)
             for b in range(n):
-                np.take(a0[b, r0:r1], i0, axis=1, out=v)
+                v = gather(a0, b, r0, r1, 0)
                 v *= wx0
-                for src, idx, w in ((a1, i0, wx0), (a0, i1, wx1), (a1, i1, wx1)):
-                    np.take(src[b, r0:r1], idx, axis=1, out=t)
+                for src, which, w in ((a1, 0, wx0), (a0, 1, wx1), (a1, 1, wx1)):
+                    t = gather(src, b, r0, r1, which)
                     t *= w
                     v += t
                 v += _F(0.5)
