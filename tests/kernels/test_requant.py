@@ -147,3 +147,24 @@ def test_output_and_accumulator_arguments():
     assert rq(acc.copy(), out=out) is out
     assert np.array_equal(out, want)
     assert np.array_equal(rq(acc.astype(np.int64)), want)     # integer accumulators too
+
+
+@pytest.mark.parametrize("act", [(0, 255), (-128, 127)])
+def test_the_bias_folded_into_the_gemm(act):
+    """A convolution may add :meth:`pre_add` inside its GEMM (a row of weights against
+    a column of ones); the requantizer then skips that step, with equal results."""
+    from coralrt.sim.kernels.gemm import ExactGemm
+    rng = np.random.default_rng(3)
+    weights = rng.integers(-120, 120, size=(40, 6))
+    bias = rng.integers(-5000, 5000, size=6)
+    dtype = _dtype(act)
+    rq = Requantizer([1 << 30], [-9], 0, act[0], act[1], dtype, bias)
+    gemm = ExactGemm(weights, 255, extra_row=rq.pre_add())
+    assert gemm.extra and gemm.depth == 41
+    a = rng.integers(-255, 256, size=(30, 40)).astype(np.float32)
+    folded = rq(gemm(np.hstack([a, np.ones((30, 1), np.float32)])), pre_added=True)
+    assert np.array_equal(folded, rq(ExactGemm(weights, 255)(a)))
+    assert np.array_equal(folded, _want(a.astype(np.int64) @ weights, [1 << 30], [-9], 0, act,
+                                        dtype, bias))
+    # Not exact in float32 any more: the row is not folded.
+    assert not ExactGemm(weights, 1 << 16, extra_row=rq.pre_add()).extra

@@ -62,7 +62,9 @@ def conv_2d(ctx: OpContext) -> Run:
     w_offset, requant = _quant_setup(ctx, op, x_t, w_t, out_t, oc, _bias(ctx, 2, oc, op), w, 0)
     x_zp = ctx.zero_point(x_t)
     b = (w.astype(np.int64) - w_offset).reshape(oc, kh * kw * ic).T
-    gemm = ExactGemm(b, _max_abs_input(ctx.dtype(x_t), x_zp))
+    # The requantizer's first step (adding the bias) rides in the GEMM as one more
+    # weight row against an input column of ones, when that stays exact.
+    gemm = ExactGemm(b, _max_abs_input(ctx.dtype(x_t), x_zp), extra_row=requant.pre_add())
     pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
     depth = kh * kw * c
     # Output rows per band: a band's GEMM input and accumulators stay in cache.
@@ -78,30 +80,41 @@ def conv_2d(ctx: OpContext) -> Run:
 
         def rows(y0, y1):
             r = (y1 - y0) * ow
-            a = TEMPORARIES.array("conv.a", (r, depth), np.float32)
+            full = TEMPORARIES.array("conv.a", (r, gemm.depth), np.float32)
+            a = full[:, :depth]
+            if gemm.extra:
+                full[:, depth] = 1
             acc = TEMPORARIES.array("conv.acc", (r, oc), gemm.dtype)
             for bi in range(n):
                 if pointwise:
-                    np.subtract(src[bi, y0:y1], np.float32(x_zp), out=a.reshape(y1 - y0, ow, c))
+                    np.subtract(src[bi, y0:y1], np.float32(x_zp), out=_shaped(a, (y1 - y0, ow, c)))
                 elif dw == 1:  # im2col: a window row's kw taps are kw * c contiguous values
-                    cols = a.reshape(y1 - y0, ow, kh, kw * c)
+                    cols = _shaped(a, (y1 - y0, ow, kh, kw * c))
                     s0, s1, s2 = buf.strides[1:]
                     for i in range(kh):
                         cols[:, :, i] = as_strided(buf[bi, i * dh + y0 * sh:],
                                                    shape=(y1 - y0, ow, kw * c),
                                                    strides=(s0 * sh, s1 * sw, s2), writeable=False)
                 else:          # im2col, one tap at a time
-                    cols = a.reshape(1, y1 - y0, ow, kh, kw, c)
+                    cols = _shaped(a, (1, y1 - y0, ow, kh, kw, c))
                     for i in range(kh):
                         for j in range(kw):
                             cols[:, :, :, i, j, :] = _window(buf[bi:bi + 1], i * dh + y0 * sh,
                                                              j * dw, y1 - y0, ow, sh, sw)
-                requant(gemm(a, out=acc), out=out[bi, y0:y1].reshape(r, oc))
+                requant(gemm(full, out=acc), out=out[bi, y0:y1].reshape(r, oc),
+                        pre_added=gemm.extra)
 
         for_bands(oh, band, rows)
         return [out]
 
     return run
+
+
+def _shaped(a: np.ndarray, shape) -> np.ndarray:
+    """A view of ``a`` with ``shape``; raises rather than copy (writes must land in ``a``)."""
+    v = a.view()
+    v.shape = shape
+    return v
 
 
 # -- DEPTHWISE_CONV_2D -----------------------------------------------------------------------

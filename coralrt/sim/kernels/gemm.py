@@ -19,6 +19,7 @@ __all__ = ["activation_range", "compute_out_size", "compute_padding", "ExactGemm
 _RELU, _RELU_N1_TO_1, _RELU6 = 1, 2, 3
 _SAME, _VALID = 0, 1
 _F32_EXACT = 1 << 24
+_F32_HALVES = 1 << 23
 _BAND_ELEMENTS = 1 << 17          # a depthwise band's accumulators
 _GEMM_BAND_ELEMENTS = 1 << 18     # a convolution band's GEMM input or output
 
@@ -100,13 +101,30 @@ class ExactGemm:
     """``a @ b`` for float32 ``a`` holding integers with |a| <= a_max and an integer
     matrix ``b``, exact: float32 chunks whose partial sums stay below 2^24."""
 
-    def __init__(self, b: np.ndarray, a_max: int):
+    def __init__(self, b: np.ndarray, a_max: int, extra_row: np.ndarray | None = None):
+        """``extra_row``: values to add to every row of the product (a requantizer's
+        bias), folded in as one more row of ``b`` that callers feed with an input
+        column of ones; done only when every partial sum stays an exact float32
+        (multiples of 1/2 below 2^23), which :attr:`extra` then says."""
         b = np.asarray(b, np.int64)
         k = b.shape[0]
         self.bounds = _chunks(np.abs(b), max(int(a_max), 1))
         self.mats = [np.ascontiguousarray(b[s:e], np.float32) for s, e in self.bounds]
         self.single = len(self.bounds) == 1
         self.k = k
+        self.extra = False
+        if extra_row is not None and self.single:
+            row = np.asarray(extra_row, np.float64).reshape(1, -1)
+            worst = np.abs(b).sum(axis=0) * max(int(a_max), 1) + np.abs(row[0])
+            if (worst < _F32_HALVES).all() and (row * 2 == np.round(row * 2)).all():
+                self.mats[0] = np.ascontiguousarray(np.vstack([self.mats[0], row]),
+                                                    np.float32)
+                self.extra = True
+
+    @property
+    def depth(self) -> int:
+        """Columns of the input: k, plus the column of ones of a folded extra row."""
+        return self.k + self.extra
 
     @property
     def dtype(self) -> np.dtype:
@@ -211,7 +229,6 @@ def _quant_setup(ctx: OpContext, op: str, x_t, w_t, out_t, channels: int, bias,
     lo, hi = activation_range(int(ctx.params.get("fused_activation_function", 0)),
                               ctx.scale(out_t), zp, out_dtype)
     w_offset = int(w_zps[0]) if uint8 and w_zps.size else 0
-    wi = np.abs(np.moveaxis(weights.astype(np.int64) - w_offset, channel_axis, 0))
-    acc_bound = wi.reshape(wi.shape[0], -1).sum(axis=1) * _max_abs_input(in_dtype,
-                                                                         ctx.zero_point(x_t))
+    wi = np.moveaxis(weights.astype(np.int64) - w_offset, channel_axis, 0).reshape(channels, -1)
+    acc_bound = np.abs(wi).sum(axis=1) * _max_abs_input(in_dtype, ctx.zero_point(x_t))
     return w_offset, Requantizer(mult, shift, zp, lo, hi, out_dtype, bias, acc_bound)

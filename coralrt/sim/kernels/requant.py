@@ -99,6 +99,7 @@ class Requantizer:
         self.lo, self.hi = int(act_min) - self.zp, int(act_max) - self.zp
         self.bias = None if bias is None else np.asarray(bias, np.int64).reshape(-1)
         self._typed = {}
+        self._channels = max(m.size, 1 if self.bias is None else self.bias.size)
         left = bool((s > 0).any())
         plan = None
         if not (s < -31).any() and (not left or _no_wrap(m, s, self.bias, acc_bound)):
@@ -129,9 +130,19 @@ class Requantizer:
         else:
             self.k = b * m + (1 << 30) + (half << 31)
 
-    def __call__(self, acc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def pre_add(self) -> np.ndarray | None:
+        """What the float path adds to each channel's accumulators first (the bias,
+        plus 1/2 in the signed form), for a caller that can fold it into its own
+        sums (then ``pre_added=True``); None on the other paths."""
+        if self.path != "float":
+            return None
+        return np.broadcast_to(np.asarray(self._plan["b"], np.float64), (self._channels,))
+
+    def __call__(self, acc: np.ndarray, out: np.ndarray | None = None,
+                 pre_added: bool = False) -> np.ndarray:
         """``acc``: integer-valued float or int array of shape (..., channels); it may
-        be overwritten.  ``out``: where to write (a new array by default)."""
+        be overwritten.  ``out``: where to write (a new array by default).
+        ``pre_added``: ``acc`` already holds :meth:`pre_add`."""
         if out is None:
             out = np.empty(acc.shape, self.dtype)
         if self.path == "general":
@@ -161,9 +172,10 @@ class Requantizer:
             rows = max(1, self.BLOCK // (tile * ch))
             consts = self._consts(a2.dtype, True)
             for_bands(wide.shape[0], rows,
-                      lambda r0, r1: self._float_block(wide[r0:r1], owide[r0:r1], consts))
+                      lambda r0, r1: self._float_block(wide[r0:r1], owide[r0:r1], consts,
+                                                       pre_added))
         if whole < a2.shape[0]:
-            self._float_block(a2[whole:], o2[whole:], self._consts(a2.dtype, False))
+            self._float_block(a2[whole:], o2[whole:], self._consts(a2.dtype, False), pre_added)
         return out
 
     def _consts(self, dtype: np.dtype, tiled: bool) -> dict:
@@ -183,32 +195,34 @@ class Requantizer:
             self._typed[key] = consts
         return consts
 
-    def _float_block(self, blk: np.ndarray, out: np.ndarray, c: dict) -> None:
+    def _float_block(self, blk: np.ndarray, out: np.ndarray, c: dict,
+                     pre_added: bool = False) -> None:
         t = TEMPORARIES.array("requant.t", blk.shape, blk.dtype)
-        np.add(blk, c["b"], out=t)                  # x (+ 1/2 in the signed form)
+        src = blk
+        if not pre_added:
+            np.add(blk, c["b"], out=t)              # x (+ 1/2 in the signed form)
+            src = t
         if c["uniform_bounds"]:
-            _clip(t, c["xlo"], c["xhi"], out=t)
+            _clip(src, c["xlo"], c["xhi"], out=t)
         else:   # np.maximum/np.minimum: clip with array bounds is several times slower
-            np.maximum(t, c["xlo"], out=t)
+            np.maximum(src, c["xlo"], out=t)
             np.minimum(t, c["xhi"], out=t)
         o8 = out.view(np.uint8)
         f32 = c["f32"]
         if f32 is not None and t.dtype == np.float32:
-            s = TEMPORARIES.array("requant.s", blk.shape, np.float32) if c["signed"] else None
+            s = TEMPORARIES.array("requant.s", t.shape, np.float32) if c["signed"] else None
             np.copyto(o8, _float32_steps(t, f32["r"], f32["kc"], f32["dh"], c, s),
                       casting="unsafe")
-            if c["flip"]:
-                np.bitwise_xor(o8, 0x80, out=o8)
-            return
-        y = TEMPORARIES.array("requant.y", blk.shape, np.float64)
-        np.multiply(t, c["r"], out=y, dtype=np.float64)
-        np.add(y, c["kc"], out=y)
-        if c["signed"]:
-            np.copysign(c["dh"], t, out=t)
-            np.add(y, t, out=y)
-        if c["clamp_out"]:
-            _clip(y, c["ylo"], c["yhi"], out=y)
-        np.copyto(o8, y, casting="unsafe")          # truncation = floor: y >= 0
+        else:
+            y = TEMPORARIES.array("requant.y", t.shape, np.float64)
+            np.multiply(t, c["r"], out=y, dtype=np.float64)
+            np.add(y, c["kc"], out=y)
+            if c["signed"]:
+                np.copysign(c["dh"], t, out=t)
+                np.add(y, t, out=y)
+            if c["clamp_out"]:
+                _clip(y, c["ylo"], c["yhi"], out=y)
+            np.copyto(o8, y, casting="unsafe")      # truncation = floor: y >= 0
         if c["flip"]:
             np.bitwise_xor(o8, 0x80, out=o8)
 
