@@ -148,8 +148,8 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
     wide = oc >= _EINSUM_CHANNELS
     wk = wi.astype(ftype)
     phases = [(j * dw) % sw for j in range(kw)]
-    taps = [(i * dh, j * dw // sw, phases[j], np.tile(wi[i, j].astype(ftype), ow))
-            for i in range(kh) for j in range(kw)]
+    taps = [] if wide else [(i * dh, j * dw // sw, phases[j], np.tile(wi[i, j].astype(ftype), ow))
+                            for i in range(kh) for j in range(kw)]
     pw = -(-wp // sw)                      # columns per phase
     band = max(1, _BAND_ELEMENTS // max(n * ow * oc, 1))
 

@@ -69,6 +69,7 @@ _F32_HALVES = 1 << 23                  # halves of integers float32 holds exactl
 _TILE = 2048                           # per-channel constants tiled to this length
 _F32_CHECK = 1 << 21                   # longest range of x the float32 check covers
 _F32_NUDGES = 4                        # offsets tried per float32 multiplier
+_F32_PIECE = 1 << 16                   # x values checked at a time
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -381,30 +382,38 @@ def _float32_constants(plan: dict, exact) -> dict | None:
     instead of by bounds: float32 arithmetic is deterministic (every operation
     correctly rounded, none fused), so the kernels, which run the same
     operations on the same clamped x, produce what was checked.  The values
-    must also stay in (-1, 256), where the cast to uint8 truncates."""
+    must also stay in (-1, 256), where the cast to uint8 truncates.  The range
+    is checked in pieces, so the check's memory stays small."""
     half = 0.5 if plan["signed"] else 0.0
-    lo, hi = float(plan["xlo"]) - half, float(plan["xhi"]) - half
+    lo, hi = int(plan["xlo"] - half), int(plan["xhi"] - half)
     if hi - lo + 1 > _F32_CHECK:
         return None
-    xs = np.arange(int(lo), int(hi) + 1, dtype=np.int64)
-    want = exact(xs)
-    t0 = xs.astype(np.float32) + np.float32(half)
-    r64, kc64, dh = float(plan["r"]), float(plan["kc"]), np.float32(plan["dh"])
-    r0, kc0 = np.float32(r64), np.float32(kc64)
+    dh = np.float32(plan["dh"])
+    r0, kc0 = np.float32(plan["r"]), np.float32(plan["kc"])
+
+    def misses(r, kc):
+        """None if (r, kc) is exact on the whole range, else the direction to nudge kc."""
+        for start in range(lo, hi + 1, _F32_PIECE):
+            xs = np.arange(start, min(start + _F32_PIECE, hi + 1), dtype=np.int64)
+            t = xs.astype(np.float32) + np.float32(half)
+            y = _float32_steps(t, r, kc, dh, plan, np.empty_like(t))
+            if y.min(initial=0) <= -1 or y.max(initial=0) >= 256:
+                return 0.0                                  # no nudge helps
+            got, want = y.astype(np.uint8).astype(np.int64), exact(xs)
+            bad = got != want
+            if bad.any():
+                return np.inf if (got[bad] < want[bad]).sum() * 2 >= bad.sum() else -np.inf
+        return None
+
     for r in (r0, np.nextafter(r0, np.float32(np.inf)), np.nextafter(r0, np.float32(0))):
         kc = kc0
-        for step in range(_F32_NUDGES):
-            y = _float32_steps(t0.copy(), r, kc, dh, plan, np.empty_like(t0))
-            if y.min(initial=0) > -1 and y.max(initial=0) < 256:
-                got = y.astype(np.uint8).astype(np.int64)
-                bad = got != want
-                if not bad.any():
-                    return {"r": r, "kc": kc, "dh": dh}
-                # Nudge the offset toward the side the misses are on.
-                direction = np.inf if (got[bad] < want[bad]).sum() >= bad.sum() / 2 else -np.inf
-            else:
+        for _ in range(_F32_NUDGES):
+            direction = misses(r, kc)
+            if direction is None:
+                return {"r": r, "kc": kc, "dh": dh}
+            if direction == 0.0:
                 break
-            kc = np.nextafter(kc, np.float32(direction))
+            kc = np.nextafter(kc, np.float32(direction))    # toward the side of the misses
     return None
 
 
