@@ -30,11 +30,11 @@ from numpy.lib.stride_tricks import as_strided
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.sim.kernels import OpContext, Run, register
 from coralrt.sim.kernels.gemm import (
-    _BAND_ELEMENTS, _GEMM_BAND_ELEMENTS, _F32_EXACT, _SAME, DoubleRequantizer, ExactGemm, Requantizer, _bias,
-    _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const, _padded,
-    _quant_setup, _window, activation_range, compute_out_size, compute_padding,
+    _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, _SAME, DoubleRequantizer, ExactGemm,
+    Requantizer, _bias, _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const,
+    _padded, _padded_rows, _quant_setup, _window, activation_range, compute_out_size,
+    compute_padding,
 )
-
 from coralrt.sim.parallel import for_bands
 
 # Channels from which a depthwise convolution sums its taps with one einsum
@@ -155,18 +155,19 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
 
     def run(inputs):
         x = inputs[0]
-        buf = _padded(x, x_zp, pt, pl, hp, wp, ftype)
-        if dm > 1:
-            buf = np.repeat(buf, dm, axis=3)
         out = np.empty((n, oh, ow, oc), requant.dtype)
         if wide:
-            s0, s1, s2 = buf.strides[1:]
-
             def rows(y0, y1):
                 r = y1 - y0
                 acc = TEMPORARIES.array("depthwise.acc", (r, ow, oc), ftype)
                 for bi in range(n):
-                    windows = as_strided(buf[bi, y0 * sh:], shape=(r, ow, kh, kw, oc),
+                    # The band's padded input rows, made just before they are read.
+                    buf = _padded_rows(x[bi], x_zp, pt, pl, wp, y0 * sh,
+                                       (y1 - 1) * sh + (kh - 1) * dh + 1, ftype)
+                    if dm > 1:
+                        buf = np.repeat(buf, dm, axis=2)
+                    s0, s1, s2 = buf.strides
+                    windows = as_strided(buf, shape=(r, ow, kh, kw, oc),
                                          strides=(s0 * sh, s1 * sw, s0 * dh, s1 * dw, s2),
                                          writeable=False)
                     np.einsum("rxijc,ijc->rxc", windows, wk, out=acc)
@@ -174,6 +175,9 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
 
             for_bands(oh, band, rows)
             return [out]
+        buf = _padded(x, x_zp, pt, pl, hp, wp, ftype)
+        if dm > 1:
+            buf = np.repeat(buf, dm, axis=3)
         if sw > 1:
             split = TEMPORARIES.array("depthwise.phases", (sw, n, hp, pw, oc), ftype)
             for p in range(sw):

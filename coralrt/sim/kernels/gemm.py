@@ -182,6 +182,27 @@ def _padded(x: np.ndarray, zero_point: int, pad_t: int, pad_l: int, hp: int, wp:
     return buf
 
 
+def _padded_rows(x: np.ndarray, zero_point: int, pad_t: int, pad_l: int, wp: int, r0: int,
+                 r1: int, dtype=np.float32) -> np.ndarray:
+    """Rows ``r0:r1`` of :func:`_padded`'s frame for one image ``x`` (H, W, C): what a
+    band of output rows reads, built just before it is read (the thread's
+    temporary ``padded.rows``)."""
+    h, w, c = x.shape
+    buf = TEMPORARIES.array("padded.rows", (r1 - r0, wp, c), dtype)
+    i0, i1 = max(r0 - pad_t, 0), min(r1 - pad_t, h)      # input rows inside the band
+    ww = max(min(w, wp - pad_l), 0)
+    if i1 <= i0:
+        buf[...] = 0
+        return buf
+    top, bottom = i0 + pad_t - r0, i1 + pad_t - r0
+    buf[:top] = 0
+    buf[bottom:] = 0
+    buf[top:bottom, :pad_l] = 0
+    buf[top:bottom, pad_l + ww:] = 0
+    np.subtract(x[i0:i1, :ww], dtype(zero_point), out=buf[top:bottom, pad_l:pad_l + ww])
+    return buf
+
+
 def _window(buf: np.ndarray, i: int, j: int, oh: int, ow: int, sh: int, sw: int) -> np.ndarray:
     return buf[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
 
