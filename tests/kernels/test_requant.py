@@ -1,7 +1,8 @@
 """The requantizer's fast paths against TFLite's two-step fixed-point arithmetic.
 
 coralrt/sim/kernels/requant.py proves its float64 path exact by bounds and its
-float32 path by exhaustion; these tests check both proofs against
+float32 path by an error bound plus a check of the values near integers; these
+tests check both proofs against
 ``multiply_by_quantized_multiplier`` (the int64 transcription of TFLite's
 helpers) on every accumulator of the clamped range, on its edges, and on
 random draws, and check that each path is taken where it should be.
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier
-from coralrt.sim.kernels import requant as rq_module
+from coralrt.sim.kernels import requant_plan as plan_module
 from coralrt.sim.kernels.requant import Requantizer
 
 ACTS = [(0, 255), (-128, 127), (-128, -100), (3, 90), (-20, 40), (0, 127)]
@@ -80,22 +81,68 @@ def test_the_float32_form_is_found_for_a_real_model_layer():
     assert found >= 16
 
 
+def _float32_all(plan, lo, hi, r32, kc32):
+    """The float32 form on every x of [lo, hi] (what the kernels compute)."""
+    half = 0.5 if plan["signed"] else 0.0
+    xs = np.arange(lo, hi + 1, dtype=np.int64)
+    t = xs.astype(np.float32) + np.float32(half)
+    y = plan_module.float32_steps(t, r32, kc32, np.float32(plan["dh"]), plan, np.empty_like(t))
+    return xs, y
+
+
+def test_every_float32_miss_is_among_the_checked_values():
+    misses = sum(_misses_outside_the_checked_values(seed) for seed in range(12))
+    assert misses > 0                     # the perturbed constants did go wrong somewhere
+
+
+def _misses_outside_the_checked_values(seed: int) -> int:
+    """The float32 proof checks only the x whose exact value lies near an integer;
+    that is sound only if every x where float32 can go wrong is among them.  With
+    constants pushed a few units in the last place off (so that misses happen),
+    all x are computed and every miss must be in the checked set."""
+    rng = np.random.default_rng(seed)
+    act = ACTS[seed % len(ACTS)]
+    mult, shift = int(rng.integers(1 << 30, 1 << 31)), -int(rng.integers(3, 10))
+    zp = int(rng.integers(act[0], act[1] + 1))
+    rq = Requantizer([mult], [shift], zp, act[0], act[1], _dtype(act), None)
+    plan = rq._plan
+    half = 0.5 if plan["signed"] else 0.0
+    lo, hi = int(plan["xlo"] - half), int(plan["xhi"] - half)
+    e = -shift
+    K = (1 << 30) + (1 << (e - 1)) * (1 << 31)
+    off = zp + (128 if act[0] < 0 else 0)
+    exact = np.clip(plan_module._exact_f(np.arange(lo, hi + 1), np.int64(mult), np.int64(e),
+                                       np.int64(K)), rq.lo, rq.hi) + off
+    misses = 0
+    for dr, dk in ((0, 0), (12, 0), (-12, 0), (0, 60), (0, -60), (8, -30), (40, 200)):
+        r32, kc32 = np.float32(plan["r"]), np.float32(plan["kc"])
+        for _ in range(abs(dr)):
+            r32 = np.nextafter(r32, np.float32(np.sign(dr) * np.inf))
+        for _ in range(abs(dk)):
+            kc32 = np.nextafter(kc32, np.float32(np.sign(dk) * np.inf))
+        xs, y = _float32_all(plan, lo, hi, r32, kc32)
+        wrong = xs[np.floor(y).astype(np.int64) != exact]
+        near = set(plan_module._near_integers(plan, lo, hi, r32, kc32).tolist())
+        assert set(wrong.tolist()) <= near, (seed, dr, dk)
+        misses += wrong.size
+    return misses
+
+
 def test_the_float32_check_refuses_constants_that_miss_one_value():
-    """The exhaustive check is what makes float32 safe: told that one x should give
-    something else, it must find no constants."""
+    """Told that one of the values it checks should be something else, the check
+    finds no constants."""
     rq = Requantizer([1500000000], [-7], 0, 0, 255, np.uint8, None)
     plan = dict(rq._plan)
     e, m = 7, 1500000000
     K = (1 << 30) + (1 << (e - 1)) * (1 << 31)
-    half = 0.5 if plan["signed"] else 0.0
-    x_mid = int((plan["xlo"] + plan["xhi"]) / 2 - half)
+    lo, hi = int(plan["xlo"]), int(plan["xhi"])
 
     def exact(x):
-        f = rq_module._exact_f(x, np.int64(m), np.int64(e), np.int64(K))
-        return f + (x == x_mid)
-    assert rq_module._float32_constants(plan, exact) is None
-    assert rq_module._float32_constants(
-        plan, lambda x: rq_module._exact_f(x, np.int64(m), np.int64(e), np.int64(K))) is not None
+        return plan_module._exact_f(x, np.int64(m), np.int64(e), np.int64(K))
+    near = plan_module._near_integers(plan, lo, hi, plan["f32"]["r"], plan["f32"]["kc"])
+    x_bad = int(near[len(near) // 2])
+    assert plan_module._float32_constants(plan, lambda x: exact(x) + (x == x_bad)) is None
+    assert plan_module._float32_constants(plan, exact) is not None
 
 
 @settings(max_examples=400, deadline=None)
