@@ -190,7 +190,7 @@ def test_depthwise_conv_2d(case):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("size,stride", [(56, 1), (28, 2), (7, 1)])
-@pytest.mark.parametrize("c", [48, 96])          # the tap form and the einsum form
+@pytest.mark.parametrize("c", [48, 96, 288])     # einsum along flat rows, and along channels
 def test_depthwise_mobilenet_shapes(dtype, size, stride, c):
     rng = np.random.default_rng(size + stride + c)
     q = Quant(rng, dtype, c, dtype == np.int8, 9)

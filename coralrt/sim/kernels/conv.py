@@ -37,9 +37,10 @@ from coralrt.sim.kernels.gemm import (
 )
 from coralrt.sim.parallel import for_bands
 
-# Channels from which a depthwise convolution sums its taps with one einsum
-# (measured: 1.5x faster at 72 channels, 3.9x at 480, slower at 32).
-_EINSUM_CHANNELS = 64
+# Channels up to which a stride-1 depthwise convolution's einsum runs along flat
+# rows of columns and channels (measured: 4x faster than along the channels at
+# 32 channels, 2x at 72, 10 % slower at 480).
+_ROW_EINSUM_CHANNELS = 256
 from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
@@ -138,68 +139,42 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
     wi = w.astype(np.int64).reshape(kh, kw, oc) - w_offset
     bound = _max_abs_input(ctx.dtype(x_t), x_zp) * int(np.abs(wi).sum(axis=(0, 1)).max())
     ftype = np.float32 if bound < _F32_EXACT else np.float64
-    # Two ways to sum the taps, both exact (integer partial sums below the
-    # float type's 2^24 or 2^53, in any order).  With many channels, one einsum
-    # over a strided view of all kh * kw windows (its inner loop runs along the
-    # channels).  With few, one multiply-add per tap over whole rows: stride-1
-    # windows are rows of ow * oc contiguous values, against the tap's weights
-    # tiled along the row; strided columns are first split into sw phases
-    # (column p, p + sw, ...), which makes their windows contiguous too.
-    wide = oc >= _EINSUM_CHANNELS
+    # The taps are summed by one einsum over a strided view of the band's padded
+    # input rows, exact in any order (integer partial sums below the float
+    # type's 2^24 or 2^53).  With stride 1 and up to _ROW_EINSUM_CHANNELS
+    # channels, a window row's columns and channels are one flat axis of
+    # ow * oc values (a tap shifts it by whole pixels), against weights tiled
+    # along it, so the inner loop is long; otherwise the inner loop runs along
+    # the channels.
+    flat = sw == 1 and oc <= _ROW_EINSUM_CHANNELS
     wk = wi.astype(ftype)
-    phases = [(j * dw) % sw for j in range(kw)]
-    taps = [] if wide else [(i * dh, j * dw // sw, phases[j], np.tile(wi[i, j].astype(ftype), ow))
-                            for i in range(kh) for j in range(kw)]
-    pw = -(-wp // sw)                      # columns per phase
-    band = max(1, _BAND_ELEMENTS // max(n * ow * oc, 1))
+    if flat:
+        wk = np.ascontiguousarray(np.tile(wk, (1, 1, ow)))
+    band = max(1, _BAND_ELEMENTS // max(ow * oc, 1))
 
     def run(inputs):
         x = inputs[0]
         out = np.empty((n, oh, ow, oc), requant.dtype)
-        if wide:
-            def rows(y0, y1):
-                r = y1 - y0
-                acc = TEMPORARIES.array("depthwise.acc", (r, ow, oc), ftype)
-                for bi in range(n):
-                    # The band's padded input rows, made just before they are read.
-                    buf = _padded_rows(x[bi], x_zp, pt, pl, wp, y0 * sh,
-                                       (y1 - 1) * sh + (kh - 1) * dh + 1, ftype)
-                    if dm > 1:
-                        buf = np.repeat(buf, dm, axis=2)
-                    s0, s1, s2 = buf.strides
-                    windows = as_strided(buf, shape=(r, ow, kh, kw, oc),
-                                         strides=(s0 * sh, s1 * sw, s0 * dh, s1 * dw, s2),
-                                         writeable=False)
-                    np.einsum("rxijc,ijc->rxc", windows, wk, out=acc)
-                    requant(acc.reshape(r * ow, oc), out=out[bi, y0:y1].reshape(r * ow, oc))
-
-            for_bands(oh, band, rows)
-            return [out]
-        buf = _padded(x, x_zp, pt, pl, hp, wp, ftype)
-        if dm > 1:
-            buf = np.repeat(buf, dm, axis=3)
-        if sw > 1:
-            split = TEMPORARIES.array("depthwise.phases", (sw, n, hp, pw, oc), ftype)
-            for p in range(sw):
-                cols = buf[:, :, p::sw]
-                split[p, :, :, :cols.shape[2]] = cols
-                split[p, :, :, cols.shape[2]:] = 0
-        else:
-            split = buf[None]
 
         def rows(y0, y1):
             r = y1 - y0
             acc = TEMPORARIES.array("depthwise.acc", (r, ow * oc), ftype)
-            tmp = TEMPORARIES.array("depthwise.tmp", (r, ow * oc), ftype)
             for bi in range(n):
-                for k, (i, j, p, wt) in enumerate(taps):
-                    rows_ = split[p, bi, i + y0 * sh:i + (y1 - 1) * sh + 1:sh, j:j + ow]
-                    win = rows_.reshape(r, ow * oc)
-                    if k == 0:
-                        np.multiply(win, wt, out=acc)
-                    else:
-                        np.multiply(win, wt, out=tmp)
-                        acc += tmp
+                # The band's padded input rows, made just before they are read.
+                buf = _padded_rows(x[bi], x_zp, pt, pl, wp, y0 * sh,
+                                   (y1 - 1) * sh + (kh - 1) * dh + 1, ftype)
+                if dm > 1:
+                    buf = np.repeat(buf, dm, axis=2)
+                s0, s1, s2 = buf.strides
+                if flat:
+                    view = as_strided(buf, shape=(r, kh, kw, ow * oc),
+                                      strides=(s0 * sh, s0 * dh, s1 * dw, s2), writeable=False)
+                    np.einsum("rijq,ijq->rq", view, wk, out=acc)
+                else:
+                    view = as_strided(buf, shape=(r, ow, kh, kw, oc),
+                                      strides=(s0 * sh, s1 * sw, s0 * dh, s1 * dw, s2),
+                                      writeable=False)
+                    np.einsum("rxijc,ijc->rxc", view, wk, out=acc.reshape(r, ow, oc))
                 requant(acc.reshape(r * ow, oc), out=out[bi, y0:y1].reshape(r * ow, oc))
 
         for_bands(oh, band, rows)
