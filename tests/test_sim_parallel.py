@@ -157,3 +157,16 @@ def test_threads_give_the_same_answers_and_outputs_are_not_reused(monkeypatch, m
         assert np.array_equal(got[0][k], kept[k])
         assert np.array_equal(results[0][k], want[0][k])
         assert np.array_equal(results[3][k], want[1][k])
+
+
+def test_a_failing_blas_limit_does_not_fail_an_inference(monkeypatch):
+    """threadpoolctl missing or failing: the simulator runs on, BLAS unlimited."""
+    class Broken:
+        def limit(self, **kwargs):
+            raise RuntimeError("no BLAS found")
+    monkeypatch.setitem(parallel._blas, "controller", Broken())
+    with parallel.blas_single_threaded():
+        assert parallel._blas["limit"] is None
+    monkeypatch.setitem(parallel._blas, "controller", False)     # not installed
+    with parallel.blas_single_threaded():
+        pass

@@ -26,17 +26,20 @@ processes gained only 1.13x in throughput, the cores sharing the memory
 bandwidth these element-wise loops are bound by (docs/simulator.md, "Speed
 of the simulation").  Machines whose cores scale can opt in.
 
-May import (layer 6): errors, config and the standard library.
+May import (layer 6): errors and the standard library.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from coralrt.errors import ConfigError
+
+log = logging.getLogger("coralrt.sim")
 
 __all__ = ["threads", "for_bands", "blas_single_threaded"]
 
@@ -143,11 +146,19 @@ def _controller():
     if _blas["controller"] is None:
         try:
             from threadpoolctl import ThreadpoolController
-        except ImportError:                # a dependency, but the simulator runs without it
-            _blas["controller"] = False
-        else:
             _blas["controller"] = ThreadpoolController()
+        except Exception as exc:           # noqa: BLE001  missing or failing: run without it
+            log.debug("BLAS threads not limited (%s: %s)", type(exc).__name__, exc)
+            _blas["controller"] = False
     return _blas["controller"]
+
+
+def _limit(controller):
+    try:
+        return controller.limit(limits=1, user_api="blas")
+    except Exception as exc:               # noqa: BLE001  an inference never fails for it
+        log.debug("BLAS threads not limited (%s: %s)", type(exc).__name__, exc)
+        return None
 
 
 @contextmanager
@@ -157,7 +168,7 @@ def blas_single_threaded():
     with _blas_lock:
         if _blas["depth"] == 0:
             controller = _controller()
-            _blas["limit"] = controller.limit(limits=1, user_api="blas") if controller else None
+            _blas["limit"] = _limit(controller) if controller else None
         _blas["depth"] += 1
     try:
         yield
@@ -165,5 +176,8 @@ def blas_single_threaded():
         with _blas_lock:
             _blas["depth"] -= 1
             if _blas["depth"] == 0 and _blas["limit"] is not None:
-                _blas["limit"].restore_original_limits()
-                _blas["limit"] = None
+                limit, _blas["limit"] = _blas["limit"], None
+                try:
+                    limit.restore_original_limits()
+                except Exception as exc:   # noqa: BLE001
+                    log.debug("BLAS thread limit not restored (%s)", exc)
