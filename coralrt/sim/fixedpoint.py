@@ -52,16 +52,19 @@ def quantize_multipliers(reals) -> tuple[np.ndarray, np.ndarray]:
 
 
 def srdhm(a, b) -> np.ndarray:
-    """SaturatingRoundingDoublingHighMul of int32 values (as int64 arrays)."""
+    """SaturatingRoundingDoublingHighMul of int32 values (as int64 arrays).
+
+    gemmlowp adds 2^30 (1 - 2^30 for a negative product P) and divides by 2^31
+    truncating toward zero; both cases are floor((P + 2^30) / 2^31), an
+    arithmetic shift (for P < 0: trunc((P + 1 - 2^30) / 2^31) is the ceiling,
+    floor((P + 1 - 2^30 + 2^31 - 1) / 2^31)).  The one overflow, INT32_MIN
+    times itself, saturates."""
     a = np.asarray(a, np.int64)
     b = np.asarray(b, np.int64)
-    ab = a * b
-    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    s = ab + nudge
-    # Division by 2^31 truncating toward zero.
-    q = np.where(s >= 0, s >> 31, -((-s) >> 31))
-    overflow = (a == INT32_MIN) & (b == INT32_MIN)
-    return np.where(overflow, INT32_MAX, q)
+    q = (a * b + (1 << 30)) >> 31
+    if (b.ndim == 0 and b != INT32_MIN) or (a.ndim == 0 and a != INT32_MIN):
+        return q
+    return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, q)
 
 
 def rounding_divide_by_pot(x, exponent) -> np.ndarray:
@@ -85,11 +88,14 @@ def multiply_by_quantized_multiplier(x, multiplier, shift) -> np.ndarray:
     LiteRT's reference MUL for shifts 32-127, and reproduced here.
     """
     shift = np.asarray(shift, np.int64)
-    left = np.maximum(shift, 0) & 31
-    right = np.maximum(-shift, 0)
-    x = np.asarray(x, np.int64) * (np.int64(1) << left)
-    # The left-shifted value is an int32 in C++; wrap like it would.
-    x = ((x - INT32_MIN) % (1 << 32)) + INT32_MIN
+    x = np.asarray(x, np.int64)
+    if shift.ndim == 0 and shift <= 0:           # the usual case: no left shift
+        right = -shift
+    else:
+        right = np.maximum(-shift, 0)
+        x = x * (np.int64(1) << (np.maximum(shift, 0) & 31))
+    # The (left-shifted) value is an int32 in C++; wrap like it would.
+    x = ((x - INT32_MIN) & 0xFFFFFFFF) + INT32_MIN
     return rounding_divide_by_pot(srdhm(x, multiplier), right)
 
 

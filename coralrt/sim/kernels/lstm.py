@@ -28,6 +28,11 @@ import math
 
 import numpy as np
 
+try:                                   # the clip ufunc, without np.clip's Python checks
+    from numpy._core.umath import clip as _clip
+except ImportError:                    # numpy < 2
+    from numpy.core.umath import clip as _clip
+
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext, register
@@ -99,7 +104,7 @@ def _exp_on_quarter_interval(a):
     x4 = _srdhm16(x2, x2)
     t = _w16(_srdhm16(_w16(_rdbypot(x4, 2) + x3), c_third) + x2)
     t = _rdbypot(t, 1)
-    return np.clip(c_term + _srdhm16(c_term, _w16(x + t)), _I16_MIN, _I16_MAX)
+    return _clip(c_term + _srdhm16(c_term, _w16(x + t)), _I16_MIN, _I16_MAX)
 
 
 _EXP_BARREL = ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308),
@@ -293,7 +298,7 @@ def unidirectional_sequence_lstm(ctx: OpContext):
         # The input contribution does not depend on the state: all steps at once.
         # Sums of int8 products are exact in float64 (K * 2^14 << 2^53).
         acc = (xs.reshape(-1, n_input).astype(np.float64) @ wx_all).astype(np.int64) + bx_all
-        gx = np.clip(multiply_by_quantized_multiplier(acc, mx_m, mx_s), _I16_MIN, _I16_MAX)
+        gx = _clip(multiply_by_quantized_multiplier(acc, mx_m, mx_s), _I16_MIN, _I16_MAX)
         gx = gx.reshape(steps, batch, n_gates * n_cell)
 
         h = h_state.reshape(batch, n_output).astype(np.int64)
@@ -301,7 +306,7 @@ def unidirectional_sequence_lstm(ctx: OpContext):
         out = np.empty((steps, batch, n_output), np.int64)
         for t in range(steps):
             acc = (h.astype(np.float64) @ wh_all).astype(np.int64) + bh_all
-            g = np.clip(gx[t] + multiply_by_quantized_multiplier(acc, mh_m, mh_s),
+            g = _clip(gx[t] + multiply_by_quantized_multiplier(acc, mh_m, mh_s),
                         _I16_MIN, _I16_MAX).reshape(batch, n_gates, n_cell)
             k = 0
             if not use_cifg:
@@ -313,18 +318,18 @@ def unidirectional_sequence_lstm(ctx: OpContext):
             if use_cifg:
                 i_gate = _I16_MAX - f_gate
             c = _w16(_rdbypot(f_gate * c, 15))
-            c = np.clip(c + _w16(_rdbypot32(i_gate * c_gate, cell_shift)), _I16_MIN, _I16_MAX)
+            c = _clip(c + _w16(_rdbypot32(i_gate * c_gate, cell_shift)), _I16_MIN, _I16_MAX)
             if q_cell_clip > 0:
-                c = np.clip(c, -q_cell_clip, q_cell_clip)
+                c = _clip(c, -q_cell_clip, q_cell_clip)
             hid = o_gate * tanh_cell[c + 32768]
-            hid = np.clip(multiply_by_quantized_multiplier(hid, hid_m, hid_s) + hid_zp,
+            hid = _clip(multiply_by_quantized_multiplier(hid, hid_m, hid_s) + hid_zp,
                           -128, 127)
             if use_projection:
                 acc = (hid.astype(np.float64) @ wp_f).astype(np.int64) + b_p
-                h = np.clip(multiply_by_quantized_multiplier(acc, proj_m, proj_s) + h_zp,
+                h = _clip(multiply_by_quantized_multiplier(acc, proj_m, proj_s) + h_zp,
                             -128, 127)
                 if q_proj_clip > 0:
-                    h = np.clip(h, -q_proj_clip, q_proj_clip)
+                    h = _clip(h, -q_proj_clip, q_proj_clip)
             else:
                 h = hid
             out[t] = h
