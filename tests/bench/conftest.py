@@ -52,15 +52,17 @@ RATIOS = [
 #: Interleaved sim-vs-LiteRT benchmarks (test_bench_sim.py): model key ->
 #: (goal for sim / LiteRT default kernels with one thread, or None, and the sim
 #: median measured before the simulator work, or None; "no slower than
-#: before" allows BASELINE_NOISE for run-to-run noise).  The test records
+#: before" allows BASELINE_NOISE for run-to-run noise).  The baselines are
+#: the medians of this benchmark on the development machine before that work
+#: (commit 07fb5e2; LSTM 3.20-3.47 ms over five runs, SSD head 0.57 ms).  The test records
 #: ``interleaved <key> sim`` and ``interleaved <key> litert``; like RATIO_GOAL
 #: these goals are reported, not asserted.
 INTERLEAVED_GOALS = {
     "mobilenet_v2_uint8": (3.0, None),
     "mobilenet_v2_int8_per_channel": (5.0, None),
     "deeplabv3_mnv2_dm05": (4.0, None),
-    "keras_lstm_mnist": (None, 3.27e-3),
-    "ssd_mobilenet_v1_head": (None, 0.82e-3),
+    "keras_lstm_mnist": (None, 3.22e-3),
+    "ssd_mobilenet_v1_head": (None, 0.57e-3),
 }
 BASELINE_NOISE = 1.05
 
