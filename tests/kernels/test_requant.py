@@ -215,3 +215,9 @@ def test_the_bias_folded_into_the_gemm(act):
                                         dtype, bias))
     # Not exact in float32 any more: the row is not folded.
     assert not ExactGemm(weights, 1 << 16, extra_row=rq.pre_add()).extra
+    # Without a bias the requantizer adds one value (0, or 1/2) to every column.
+    plain = Requantizer([1 << 30], [-9], 0, act[0], act[1], dtype, None)
+    gemm = ExactGemm(weights, 255, extra_row=plain.pre_add())
+    assert gemm.extra
+    folded = plain(gemm(np.hstack([a, np.ones((30, 1), np.float32)])), pre_added=True)
+    assert np.array_equal(folded, plain(ExactGemm(weights, 255)(a)))

@@ -113,8 +113,11 @@ class ExactGemm:
         self.single = len(self.bounds) == 1
         self.k = k
         self.extra = False
-        if extra_row is not None and self.single:
-            row = np.asarray(extra_row, np.float64).reshape(1, -1)
+        row = None if extra_row is None else np.asarray(extra_row, np.float64).reshape(-1)
+        if row is not None and row.size == 1:     # one value for all columns (no bias)
+            row = np.repeat(row, b.shape[1])
+        if row is not None and self.single and row.size == b.shape[1]:
+            row = row.reshape(1, -1)
             worst = np.abs(b).sum(axis=0) * max(int(a_max), 1) + np.abs(row[0])
             if (worst < _F32_HALVES).all() and (row * 2 == np.round(row * 2)).all():
                 self.mats[0] = np.ascontiguousarray(np.vstack([self.mats[0], row]),
