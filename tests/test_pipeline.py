@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from support.models import conv_chain
+from support.sim import isolated_dirs  # noqa: F401 (fixtures)
 
 from coralrt import InferenceSession
 from coralrt.backends import get_backend
@@ -38,12 +39,6 @@ def compiled(segments: int = 2, **kw):
 def inputs(n: int, hw: int = 64, c: int = 32) -> list[list[np.ndarray]]:
     return [[np.random.default_rng(100 + i).integers(0, 256, (1, hw, hw, c), np.uint8)]
             for i in range(n)]
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
 
 
 @pytest.fixture

@@ -10,9 +10,33 @@ program's outputs.  Never use it to "run" a compiled model.
 
 from __future__ import annotations
 
+import pytest
+
 from coralrt.sim.stick import SimulatedBackend
 
-__all__ = ["dwn1_backend", "accept_dwn1"]
+__all__ = ["dwn1_backend", "accept_dwn1", "isolated_dirs", "program", "DWN1_MODEL"]
+
+#: A compiled model whose DWN1 program the driver tests send to simulated sticks.
+DWN1_MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path, monkeypatch):
+    """Runtime files (locks, claims) and installed firmware in the test's own folders.
+    Autouse in every module that imports it."""
+    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="module")
+def program():
+    """The DWN1 program (the edgetpu-custom-op's options) of :data:`DWN1_MODEL`."""
+    from conftest import shared_model      # here: subprocesses import this module too
+
+    from coralrt.model import load_model
+    model = load_model(shared_model(DWN1_MODEL))
+    return next(op.custom_options for op in model.main.operators
+                if op.name == "edgetpu-custom-op")
 
 
 def accept_dwn1(backend: SimulatedBackend) -> SimulatedBackend:

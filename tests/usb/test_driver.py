@@ -21,7 +21,7 @@ import usb.core
 
 import coralrt
 from conftest import REPO_ROOT, shared_model
-from support.sim import dwn1_backend
+from support.sim import dwn1_backend, isolated_dirs  # noqa: F401 (fixtures)
 
 from coralrt.cli.main import main as cli_main
 from coralrt.errors import (
@@ -41,12 +41,6 @@ from coralrt.usb.transport import Transport, translate_error
 
 TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
 IMAGE = bytes(range(256)) * 42 + b"\x02\x00\x10"      # 10,755 bytes: a stand-in image
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
 
 
 def trace_steps() -> list[tuple[str, int, int]]:

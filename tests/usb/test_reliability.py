@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, shared_model
-from support.sim import dwn1_backend
+from support.sim import DWN1_MODEL, dwn1_backend, isolated_dirs, program  # noqa: F401 (fixtures)
 
 from coralrt.errors import DeviceBusyError, DeviceError, DeviceLostError, DeviceTimeoutError
 from coralrt.usb import open_device
@@ -26,21 +26,6 @@ from coralrt.sim.stick import SimulatedBackend
 
 TIMEOUT = 0.5
 SLACK = 1.0           # scheduling margin on top of the timeout
-MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-
-
-@pytest.fixture(scope="module")
-def program():
-    from coralrt.model import load_model
-    model = load_model(shared_model(MODEL))
-    return next(op.custom_options for op in model.main.operators
-                if op.name == "edgetpu-custom-op")
 
 
 def _inputs(handle):
@@ -162,7 +147,7 @@ _HOLDER = textwrap.dedent("""
 
 def test_second_process_gets_busy_while_the_first_keeps_running():
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(shared_model(MODEL))],
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(shared_model(DWN1_MODEL))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "ready"

@@ -30,8 +30,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import shared_model
-from support.sim import dwn1_backend
+from support.sim import dwn1_backend, isolated_dirs, program  # noqa: F401 (fixtures)
 
 from coralrt.errors import (
     DeviceLostError, DeviceNotReadyError, DeviceTimeoutError, DeviceWedgedError,
@@ -44,21 +43,6 @@ TIMEOUT = 0.5         # the driver's transfer timeout
 MAX_WAIT = 0.1        # what a simulated timeout really waits
 SLACK = 1.0           # scheduling margin
 FIRMWARE = b"\x02" * 300
-MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-
-
-@pytest.fixture(scope="module")
-def program():
-    from coralrt.model import load_model
-    model = load_model(shared_model(MODEL))
-    return next(op.custom_options for op in model.main.operators
-                if op.name == "edgetpu-custom-op")
 
 
 def _one_run(dev, program):

@@ -32,16 +32,16 @@ from coralrt.sim.kernels import OpContext, Run, register
 from coralrt.sim.kernels.gemm import (
     _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, _SAME, DoubleRequantizer, ExactGemm,
     Requantizer, _bias, _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const,
-    _padded, _padded_rows, _quant_setup, _window, activation_range, compute_out_size,
+    _padded_rows, _quant_setup, _window, activation_range, compute_out_size,
     compute_padding,
 )
 from coralrt.sim.parallel import for_bands
+from coralrt.sim.scratch import TEMPORARIES
 
 # Channels up to which a stride-1 depthwise convolution's einsum runs along flat
 # rows of columns and channels (measured: 4x faster than along the channels at
 # 32 channels, 2x at 72, 10 % slower at 480).
 _ROW_EINSUM_CHANNELS = 256
-from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
 
@@ -74,10 +74,7 @@ def conv_2d(ctx: OpContext) -> Run:
     def run(inputs):
         x = inputs[0]
         out = np.empty((n, oh, ow, oc), requant.dtype)
-        if pointwise:
-            src = x if sh == 1 and sw == 1 else x[:, ::sh, ::sw]
-        else:
-            buf = _padded(x, x_zp, pt, pl, hp, wp)
+        src = x if sh == 1 and sw == 1 else x[:, ::sh, ::sw]
 
         def rows(y0, y1):
             r = (y1 - y0) * ow
@@ -89,19 +86,22 @@ def conv_2d(ctx: OpContext) -> Run:
             for bi in range(n):
                 if pointwise:
                     np.subtract(src[bi, y0:y1], np.float32(x_zp), out=_shaped(a, (y1 - y0, ow, c)))
-                elif dw == 1:  # im2col: a window row's kw taps are kw * c contiguous values
-                    cols = _shaped(a, (y1 - y0, ow, kh, kw * c))
-                    s0, s1, s2 = buf.strides[1:]
-                    for i in range(kh):
-                        cols[:, :, i] = as_strided(buf[bi, i * dh + y0 * sh:],
-                                                   shape=(y1 - y0, ow, kw * c),
-                                                   strides=(s0 * sh, s1 * sw, s2), writeable=False)
-                else:          # im2col, one tap at a time
-                    cols = _shaped(a, (1, y1 - y0, ow, kh, kw, c))
-                    for i in range(kh):
-                        for j in range(kw):
-                            cols[:, :, :, i, j, :] = _window(buf[bi:bi + 1], i * dh + y0 * sh,
-                                                             j * dw, y1 - y0, ow, sh, sw)
+                else:          # im2col from the band's padded input rows
+                    buf = _padded_rows(x[bi], x_zp, pt, pl, wp, y0 * sh,
+                                       (y1 - 1) * sh + (kh - 1) * dh + 1)
+                    if dw == 1:    # a window row's kw taps are kw * c contiguous values
+                        cols = _shaped(a, (y1 - y0, ow, kh, kw * c))
+                        s0, s1, s2 = buf.strides
+                        for i in range(kh):
+                            cols[:, :, i] = as_strided(buf[i * dh:], shape=(y1 - y0, ow, kw * c),
+                                                       strides=(s0 * sh, s1 * sw, s2),
+                                                       writeable=False)
+                    else:          # one tap at a time
+                        cols = _shaped(a, (1, y1 - y0, ow, kh, kw, c))
+                        for i in range(kh):
+                            for j in range(kw):
+                                cols[:, :, :, i, j, :] = _window(buf[None], i * dh, j * dw,
+                                                                 y1 - y0, ow, sh, sw)
                 requant(gemm(full, out=acc), out=out[bi, y0:y1].reshape(r, oc),
                         pre_added=gemm.extra)
 

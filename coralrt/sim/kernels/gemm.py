@@ -168,28 +168,13 @@ def _chunks(abs_b: np.ndarray, a_max: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _padded(x: np.ndarray, zero_point: int, pad_t: int, pad_l: int, hp: int, wp: int,
-            dtype=np.float32, name: str = "padded") -> np.ndarray:
-    """``x - zero_point`` as floats in an (N, hp, wp, C) frame starting pad_t rows and
-    pad_l columns before the input; outside the input it is 0 (the zero point).
-    The frame is the thread's temporary ``name`` (valid until the next call)."""
-    n, h, w, c = x.shape
-    hh, ww = max(min(h, hp - pad_t), 0), max(min(w, wp - pad_l), 0)
-    buf = TEMPORARIES.array(name, (n, hp, wp, c), dtype)
-    if pad_t or pad_l or hh != hp or ww != wp:
-        buf[:, :pad_t] = 0
-        buf[:, pad_t + hh:] = 0
-        buf[:, pad_t:pad_t + hh, :pad_l] = 0
-        buf[:, pad_t:pad_t + hh, pad_l + ww:] = 0
-    np.subtract(x[:, :hh, :ww], dtype(zero_point), out=buf[:, pad_t:pad_t + hh, pad_l:pad_l + ww])
-    return buf
-
-
 def _padded_rows(x: np.ndarray, zero_point: int, pad_t: int, pad_l: int, wp: int, r0: int,
                  r1: int, dtype=np.float32) -> np.ndarray:
-    """Rows ``r0:r1`` of :func:`_padded`'s frame for one image ``x`` (H, W, C): what a
-    band of output rows reads, built just before it is read (the thread's
-    temporary ``padded.rows``)."""
+    """Rows ``r0:r1`` of the padded input of one image ``x`` (H, W, C): ``x - zero_point``
+    as floats in a frame that starts pad_t rows and pad_l columns before the
+    input and is ``wp`` columns wide, 0 (the zero point) outside the input.  It
+    is what a band of output rows reads, built just before it is read (the
+    thread's temporary ``padded.rows``)."""
     h, w, c = x.shape
     buf = TEMPORARIES.array("padded.rows", (r1 - r0, wp, c), dtype)
     i0, i1 = max(r0 - pad_t, 0), min(r1 - pad_t, h)      # input rows inside the band

@@ -83,8 +83,9 @@ class Requantizer:
     the activation range; multipliers broadcast along the last axis.
 
     ``path`` says which arithmetic runs: ``"float"`` (the proven-exact float64
-    form), ``"int64"`` (the folded one-shift integer form) or ``"general"``
-    (multipliers above 1, step by step).  Work goes in row blocks that stay in
+    form, or float32 where constants for it were proven), ``"int64"`` (the
+    folded one-shift integer form) or ``"general"`` (multipliers above 1 that
+    may wrap, step by step).  Work goes in row blocks that stay in
     cache, spread over the simulator's threads.
     """
 
