@@ -1,8 +1,8 @@
 """The requantizer's fast paths against TFLite's two-step fixed-point arithmetic.
 
-coralrt/sim/kernels/requant.py proves its float64 path exact by bounds and its
-float32 path by an error bound plus a check of the values near integers; these
-tests check both proofs against
+coralrt/sim/kernels/requant.py proves its float64 path exact by bounds and
+monotonicity, and its float32 path by monotonicity plus a check of both ends of
+every run of equal outputs; these tests check both proofs against
 ``multiply_by_quantized_multiplier`` (the int64 transcription of TFLite's
 helpers) on every accumulator of the clamped range, on its edges, and on
 random draws, and check that each path is taken where it should be.
@@ -32,40 +32,56 @@ def _dtype(act):
     return np.uint8 if act[0] >= 0 else np.int8
 
 
-def _edges(rq: Requantizer, channels: int, bias) -> np.ndarray:
+def _bounds(mult, shift, zp, act, dtype):
+    """Per channel, the first x with F(x) >= lo and the last with F(x) <= hi (the
+    range where the arithmetic must be exact; outside it the output is clamped)."""
+    m = np.atleast_1d(np.asarray(mult, np.int64))
+    e = -np.resize(np.atleast_1d(np.asarray(shift, np.int64)), m.size)
+    K = np.where(e >= 0, (1 << 30) + np.where(e > 0, np.int64(1) << np.maximum(e - 1, 0), 0)
+                 * (1 << 31), np.int64(1) << np.maximum(30 + e, 0))
+    return (plan_module._search(m, e, K, act[0] - zp, True),
+            plan_module._search(m, e, K, act[1] - zp, False))
+
+
+def _edges(x_lo, x_hi, channels: int, bias) -> np.ndarray:
     """Accumulators around each channel's clamp bounds and around x = 0, one row per
     offset (so every channel sees all of them)."""
-    plan = rq._plan
-    half = 0.5 if plan["signed"] else 0.0
-    lo = np.broadcast_to(np.asarray(plan["xlo"], np.float64) - half, (channels,))
-    hi = np.broadcast_to(np.asarray(plan["xhi"], np.float64) - half, (channels,))
+    lo = np.broadcast_to(x_lo, (channels,)).astype(np.int64)
+    hi = np.broadcast_to(x_hi, (channels,)).astype(np.int64)
     b = np.zeros(channels, np.int64) if bias is None else np.broadcast_to(bias, (channels,))
     rows = [lo + d for d in range(-3, 4)] + [hi + d for d in range(-3, 4)] + \
-        [np.full(channels, float(d)) for d in range(-3, 4)]
-    return (np.array(rows) - b).astype(np.int64)
+        [np.full(channels, d, np.int64) for d in range(-3, 4)]
+    return np.array(rows) - b
 
 
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("shift", [0, -1, -5, -9])
-def test_every_accumulator_of_the_clamped_range(act, shift):
+@pytest.mark.parametrize("bound", [None, 1 << 18])
+def test_every_accumulator_of_the_clamped_range(act, shift, bound):
     """Per-tensor multipliers: all accumulators from below the clamp range to above it,
-    through the float32 path (float32 accumulators) and the float64 one (float64)."""
+    and far outside it, through the float32 path (float32 accumulators) and the
+    float64 one (float64), with and without the int16 steps."""
     rng = np.random.default_rng(abs(shift) * 31 + act[0] + 1000)
     channels = 5
     mult = int(rng.integers(1 << 30, 1 << 31))
     bias = rng.integers(-3000, 3000, size=channels)
     dtype = _dtype(act)
     zp = int(rng.integers(act[0], act[1] + 1))
-    rq = Requantizer([mult], [shift], zp, act[0], act[1], dtype, bias)
+    rq = Requantizer([mult], [shift], zp, act[0], act[1], dtype, bias, acc_bound=bound)
     assert rq.path == "float"
-    plan = rq._plan
-    half = 0.5 if plan["signed"] else 0.0
-    x_lo, x_hi = int(plan["xlo"] - half), int(plan["xhi"] - half)
-    xs = np.arange(x_lo - 5, x_hi + 6)
+    if bound is None or shift == 0:
+        assert not rq._plan["int16"]        # unknown reach, or |y| up to 2^16 * r
+    elif shift <= -5:
+        assert rq._plan["int16"]
+    x_lo, x_hi = (int(v[0]) for v in _bounds(mult, shift, zp, act, dtype))
+    far = 1 << 16 if bound is None else bound - 3000
+    xs = np.concatenate([np.arange(x_lo - 5, x_hi + 6), [-far, -far // 2, far // 2, far]])
     acc = xs[:, None] - bias[None, :]                      # every x, in every channel
+    if bound is not None:                                  # only what the bound allows
+        acc = acc[(np.abs(acc) <= bound).all(axis=1)]
     want = _want(acc, mult, shift, zp, act, dtype, bias)
     assert np.array_equal(rq(acc.astype(np.float64)), want)
-    if plan["f32"] is not None:
+    if rq._plan["f32"] is not None:
         assert np.array_equal(rq(acc.astype(np.float32)), want)
 
 
@@ -76,73 +92,75 @@ def test_the_float32_form_is_found_for_a_real_model_layer():
     rng = np.random.default_rng(7)
     for _ in range(20):
         mult, shift = int(rng.integers(1 << 30, 1 << 31)), -int(rng.integers(4, 11))
-        rq = Requantizer([mult], [shift], 0, 0, 255, np.uint8, rng.integers(-999, 999, 8))
+        rq = Requantizer([mult], [shift], 0, 0, 255, np.uint8, rng.integers(-999, 999, 8),
+                         acc_bound=1 << 20)
         found += rq._plan["f32"] is not None
     assert found >= 16
 
 
-def _float32_all(plan, lo, hi, r32, kc32):
-    """The float32 form on every x of [lo, hi] (what the kernels compute)."""
-    half = 0.5 if plan["signed"] else 0.0
-    xs = np.arange(lo, hi + 1, dtype=np.int64)
-    t = xs.astype(np.float32) + np.float32(half)
-    y = plan_module.float32_steps(t, r32, kc32, np.float32(plan["dh"]), plan, np.empty_like(t))
-    return xs, y
+def _nudged(value, ulps: int):
+    for _ in range(abs(ulps)):
+        value = np.nextafter(value, np.float32(np.sign(ulps) * np.inf))
+    return value
 
 
-def test_every_float32_miss_is_among_the_checked_values():
-    misses = sum(_misses_outside_the_checked_values(seed) for seed in range(12))
-    assert misses > 0                     # the perturbed constants did go wrong somewhere
+def test_the_float32_check_accepts_exactly_the_constants_right_everywhere():
+    """Soundness of the float32 proof: for the found constants and for constants
+    pushed some units in the last place off (so that some go wrong), the check of
+    run ends passes exactly when all reachable x, computed one by one, are right."""
+    outcomes = set()
+    for seed in range(10):
+        outcomes |= _check_against_everything(seed)
+    assert outcomes == {True, False}        # some constants were right, some wrong
 
 
-def _misses_outside_the_checked_values(seed: int) -> int:
-    """The float32 proof checks only the x whose exact value lies near an integer;
-    that is sound only if every x where float32 can go wrong is among them.  With
-    constants pushed a few units in the last place off (so that misses happen),
-    all x are computed and every miss must be in the checked set."""
+def _check_against_everything(seed: int) -> set:
     rng = np.random.default_rng(seed)
     act = ACTS[seed % len(ACTS)]
-    mult, shift = int(rng.integers(1 << 30, 1 << 31)), -int(rng.integers(3, 10))
+    channels = 3
+    mult = rng.integers(1 << 30, 1 << 31, size=channels)
+    shift = -rng.integers(2, 7, size=channels)               # multipliers 1/4 .. 1/128
     zp = int(rng.integers(act[0], act[1] + 1))
-    rq = Requantizer([mult], [shift], zp, act[0], act[1], _dtype(act), None)
+    bound = 1 << 14
+    rq = Requantizer(mult, shift, zp, act[0], act[1], _dtype(act), None, acc_bound=bound)
     plan = rq._plan
-    half = 0.5 if plan["signed"] else 0.0
-    lo, hi = int(plan["xlo"] - half), int(plan["xhi"] - half)
-    e = -shift
-    K = (1 << 30) + (1 << (e - 1)) * (1 << 31)
+    m, e = np.asarray(mult, np.int64), -np.asarray(shift, np.int64)
+    K = np.where(e > 0, (1 << 30) + (np.int64(1) << (e - 1)) * (1 << 31), 1 << 30)
     off = zp + (128 if act[0] < 0 else 0)
-    exact = np.clip(plan_module._exact_f(np.arange(lo, hi + 1), np.int64(mult), np.int64(e),
-                                       np.int64(K)), rq.lo, rq.hi) + off
-    misses = 0
-    for dr, dk in ((0, 0), (12, 0), (-12, 0), (0, 60), (0, -60), (8, -30), (40, 200)):
-        r32, kc32 = np.float32(plan["r"]), np.float32(plan["kc"])
-        for _ in range(abs(dr)):
-            r32 = np.nextafter(r32, np.float32(np.sign(dr) * np.inf))
-        for _ in range(abs(dk)):
-            kc32 = np.nextafter(kc32, np.float32(np.sign(dk) * np.inf))
-        xs, y = _float32_all(plan, lo, hi, r32, kc32)
-        wrong = xs[np.floor(y).astype(np.int64) != exact]
-        near = set(plan_module._near_integers(plan, lo, hi, r32, kc32).tolist())
-        assert set(wrong.tolist()) <= near, (seed, dr, dk)
-        misses += wrong.size
-    return misses
+    live = np.ones(channels, bool)
+    reach = np.full(channels, bound + 1.0)
+    t, want = plan_module.check_points(plan, live, (m, e, K, off), reach)
+    xs = np.arange(-bound - 1, bound + 2)
+    everything = np.clip(plan_module._exact_f(xs[None, :], m[:, None], e[:, None], K[:, None])
+                         + off, plan["L"], plan["H"])
+    all_t = np.broadcast_to(xs.astype(np.float32) + np.float32(0.5 if plan["signed"] else 0),
+                            (channels, xs.size))
+    r0 = np.broadcast_to(plan["r"], (channels,)).astype(np.float32)
+    kc0 = np.broadcast_to(plan["kc"], (channels,)).astype(np.float32)
+    dh = np.broadcast_to(plan["dh"], (channels,)).astype(np.float32)
+    outcomes = set()
+    for dr, dk in ((0, 0), (3, 0), (-3, 0), (0, 20), (0, -20), (5, -9), (40, 200), (0, 2)):
+        r, kc = _nudged(r0, dr), _nudged(kc0, dk)
+        checked = (plan_module.float32_outputs(plan, t, r, kc, dh) == want).all(axis=1)
+        right = (plan_module.float32_outputs(plan, all_t, r, kc, dh) == everything).all(axis=1)
+        assert np.array_equal(checked, right), (seed, dr, dk)
+        outcomes.update(right.tolist())
+    return outcomes
 
 
-def test_the_float32_check_refuses_constants_that_miss_one_value():
-    """Told that one of the values it checks should be something else, the check
-    finds no constants."""
-    rq = Requantizer([1500000000], [-7], 0, 0, 255, np.uint8, None)
-    plan = dict(rq._plan)
-    e, m = 7, 1500000000
-    K = (1 << 30) + (1 << (e - 1)) * (1 << 31)
-    lo, hi = int(plan["xlo"]), int(plan["xhi"])
-
-    def exact(x):
-        return plan_module._exact_f(x, np.int64(m), np.int64(e), np.int64(K))
-    near = plan_module._near_integers(plan, lo, hi, plan["f32"]["r"], plan["f32"]["kc"])
-    x_bad = int(near[len(near) // 2])
-    assert plan_module._float32_constants(plan, lambda x: exact(x) + (x == x_bad)) is None
-    assert plan_module._float32_constants(plan, exact) is not None
+def test_per_channel_float32_constants():
+    """Per-channel multipliers get float32 constants where they are large enough, and
+    are right on every reachable accumulator."""
+    mult = np.array([1 << 30, 1500000000, 2000000000, 1234567890])
+    shift = np.array([-1, -2, -3, -2])
+    bias = np.array([10, -7, 300, 0])
+    bound = 3000
+    rq = Requantizer(mult, shift, -5, -128, 127, np.int8, bias, acc_bound=bound)
+    assert rq._plan["f32"] is not None and isinstance(rq._plan["f32"]["r"], np.ndarray)
+    acc = np.arange(-bound, bound + 1)[:, None] + np.zeros(4, np.int64)
+    want = _want(acc, mult, shift, -5, (-128, 127), np.int8, bias)
+    assert np.array_equal(rq(acc.astype(np.float32)), want)
+    assert np.array_equal(rq(acc.astype(np.float64)), want)
 
 
 @settings(max_examples=400, deadline=None)
@@ -168,7 +186,8 @@ def test_random_multipliers_and_edges(channels, shifts, act, zp, bias_bits, unif
     acc = rng.integers(-bound, bound + 1, size=(200, channels))
     acc[:8] = rng.integers(-3, 4, size=(8, channels))
     if rq.path == "float":
-        acc = np.vstack([acc, np.clip(_edges(rq, channels, bias), -bound, bound)])
+        x_lo, x_hi = _bounds(mult, shift, zp, act, dtype)
+        acc = np.vstack([acc, np.clip(_edges(x_lo, x_hi, channels, bias), -bound, bound)])
     want = _want(acc, mult, shift, zp, act, dtype, bias)
     f32 = bound <= 1 << 24
     assert np.array_equal(rq(acc.astype(np.float32 if f32 else np.float64)), want)

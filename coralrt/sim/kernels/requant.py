@@ -19,13 +19,9 @@ rises by at most 1 per unit of x (the real multiplier m / 2^S is below 1).
 
 **The fast path: float64, proven exact.**  The output is F clamped to an
 8-bit range, so only the x between x_lo (the first x with F(x) >= lo) and
-x_hi (the last with F(x) <= hi) matter: every x below x_lo gives lo, above
-x_hi gives hi, and F(x_lo) = lo, F(x_hi) = hi because F never skips a value.
-So ``t = acc + bias`` (float, exact: integers below 2^24, and a value out of
-range rounds monotonically to one still out of range) is clamped to
-[x_lo, x_hi] first; the output clamp becomes unnecessary and x stays small
-(about 256 / multiplier).  Then, in float64 on integers scaled by 2^-S
-(or 2^-(S+1)):
+x_hi (the last with F(x) <= hi) need exact arithmetic: every x below x_lo
+gives lo, above x_hi gives hi.  In float64, on integers scaled by 2^-S
+(or 2^-(S+1)), with ``t = acc + bias``:
 
 * unsigned form (no correction needed): ``y = t * r + kc`` with r = m / 2^S
   and kc = (2^30 + 2^(e-1) * 2^31 + off * 2^S) / 2^S;
@@ -34,25 +30,36 @@ range rounds monotonically to one still out of range) is clamped to
   -m / 2^(S+1) - 2^-(e+1): for x >= 0 the sign term cancels the shift, for
   x < 0 it subtracts 2^-e, which is the -2^31 / 2^S above.
 
-Every operand and every partial sum is an integer times 2^-S (2^-(S+1)) whose
-integer part stays below 2^53 in magnitude - checked per channel at load time
-from x_lo and x_hi - so each float64 multiply and add is exact, and ``y`` is
-exactly F(x) + off plus a fraction in [0, 1).  ``off`` (the zero point, plus
-128 for int8) makes floor(y) lie in [0, 255], where a cast to uint8
-truncates, which is the floor.  int8 outputs then flip their top bit
-(u - 128 == u ^ 0x80 read as int8).  Multipliers above 1 (a left shift, e < 0)
-step F by more than 1: there x is clamped one past its range and y clamped
-too, and the float path is taken only when the kernel's bound on its
-accumulators proves TFLite's int32 left shift cannot wrap.  Where a bound
-fails (biases of 2^23 or more, multipliers below about 2^-13, int16 outputs)
-the int64 path runs the same formula with integer shifts.
+For x in [x_lo - 1, x_hi + 1] every operand and every partial sum is an
+integer times 2^-S (2^-(S+1)) whose integer part stays below 2^53 in
+magnitude - checked per channel at load time - so each float64 multiply and
+add is exact, and ``y`` is exactly F(x) + off plus a fraction in [0, 1).
+``off`` (the zero point, plus 128 for int8) puts the output range [L, H] in
+[0, 255], where truncation is the floor.  Outside that interval no clamp of
+x is needed: every step (rounded products and sums by fixed operands, the
+sign term, truncation, the clamp of y to [L, H]) is monotonic in x, so an x
+below x_lo - 1 gives at most what x_lo - 1 gives, which is already clamped
+to L (likewise above).  int8 outputs then flip their top bit (u - 128 ==
+u ^ 0x80 read as int8).  Multipliers above 1 (a left shift, e < 0) step F by
+more than 1, which changes nothing here; the float path is taken only when
+the kernel's bound on its accumulators proves TFLite's int32 left shift
+cannot wrap.  Where a bound fails (biases of 2^23 or more, multipliers below
+about 2^-13, int16 outputs) the int64 path runs the same formula with integer
+shifts.
 
-**float32.**  With one multiplier for all channels (uint8 models) the same
-steps run in float32 with float32 constants, accepted only after the proof in
-``requant_plan._float32_constants`` (an error bound, then a check of every x whose
-exact value lies within it of an integer).  A caller that can add
-:meth:`Requantizer.pre_add` inside its own sums (a convolution's GEMM) skips
-the first step.
+**The last steps in int16.**  When the kernel's accumulator bound shows
+|y| < 2^15 for every accumulator it can produce, y is cast to int16
+(truncation), clamped there and narrowed to 8 bits: NumPy's int16 casts and
+clamp are several times faster than its float clamp.  Otherwise y is clamped
+in float and cast.
+
+**float32.**  The same steps run in float32 with float32 constants (per
+channel or for all) where ``requant_plan._float32_constants`` proves them
+exact over every reachable x, by the monotonicity above and a check of both
+ends of every run of equal outputs.  That holds for most per-tensor
+multipliers (50 of MobileNet v2's 53 requantizers) and few small per-channel
+ones.  A caller that can add :meth:`Requantizer.pre_add` inside its own sums
+(a convolution's GEMM) skips the first step.
 
 The constants and their proofs are in coralrt/sim/kernels/requant_plan.py.
 tests/kernels/test_requant.py checks both paths against TFLite's two-step
@@ -109,7 +116,8 @@ class Requantizer:
         left = bool((s > 0).any())
         plan = None
         if not (s < -31).any() and (not left or no_wrap(m, s, self.bias, acc_bound)):
-            plan = float_plan(m, -s, self.bias, self.lo, self.hi, self.zp, self.dtype)
+            plan = float_plan(m, -s, self.bias, self.lo, self.hi, self.zp, self.dtype,
+                              acc_bound)
         if plan is not None:
             self.path, self._plan = "float", plan
         elif left or (s < -31).any():
@@ -188,11 +196,14 @@ class Requantizer:
         key = (np.dtype(dtype), tiled)
         consts = self._typed.get(key)
         if consts is None:
-            consts = {}
+            consts = {"L16": np.int16(self._plan["L"]), "H16": np.int16(self._plan["H"])}
             for k, v in self._plan.items():
                 if isinstance(v, np.ndarray) and tiled:
                     v = np.tile(v, self._plan["tile"])
-                if k in ("b", "xlo", "xhi", "dh"):
+                if k == "f32" and v is not None and tiled:
+                    v = {fk: np.tile(fv, self._plan["tile"]) if isinstance(fv, np.ndarray)
+                         else fv for fk, fv in v.items()}
+                if k in ("b", "dh"):
                     # Operands meeting the accumulators take their type, for
                     # loops of that type (exact: integers and halves below 2^23,
                     # powers of two).
@@ -203,22 +214,15 @@ class Requantizer:
 
     def _float_block(self, blk: np.ndarray, out: np.ndarray, c: dict,
                      pre_added: bool = False) -> None:
-        t = TEMPORARIES.array("requant.t", blk.shape, blk.dtype)
-        src = blk
-        if not pre_added:
+        if pre_added:
+            t = blk
+        else:
+            t = TEMPORARIES.array("requant.t", blk.shape, blk.dtype)
             np.add(blk, c["b"], out=t)              # x (+ 1/2 in the signed form)
-            src = t
-        if c["uniform_bounds"]:
-            _clip(src, c["xlo"], c["xhi"], out=t)
-        else:   # np.maximum/np.minimum: clip with array bounds is several times slower
-            np.maximum(src, c["xlo"], out=t)
-            np.minimum(t, c["xhi"], out=t)
-        o8 = out.view(np.uint8)
         f32 = c["f32"]
         if f32 is not None and t.dtype == np.float32:
             s = TEMPORARIES.array("requant.s", t.shape, np.float32) if c["signed"] else None
-            np.copyto(o8, float32_steps(t, f32["r"], f32["kc"], f32["dh"], c, s),
-                      casting="unsafe")
+            y = float32_steps(t, f32["r"], f32["kc"], f32["dh"], c, s)
         else:
             y = TEMPORARIES.array("requant.y", t.shape, np.float64)
             if isinstance(c["r"], np.ndarray):     # a widening copy, then float64 by float64:
@@ -230,8 +234,14 @@ class Requantizer:
             if c["signed"]:
                 np.copysign(c["dh"], t, out=t)
                 np.add(y, t, out=y)
-            if c["clamp_out"]:
-                _clip(y, c["ylo"], c["yhi"], out=y)
+        o8 = out.view(np.uint8)
+        if c["int16"]:          # casts and clamps of int16 run several times faster
+            i = TEMPORARIES.array("requant.i16", y.shape, np.int16)
+            np.copyto(i, y, casting="unsafe")       # truncation: floor for y >= 0
+            _clip(i, c["L16"], c["H16"], out=i)
+            np.copyto(o8, i, casting="unsafe")
+        else:
+            _clip(y, y.dtype.type(c["L"]), y.dtype.type(c["H"]), out=y)
             np.copyto(o8, y, casting="unsafe")      # truncation = floor: y >= 0
         if c["flip"]:
             np.bitwise_xor(o8, 0x80, out=o8)

@@ -1,7 +1,8 @@
 """How the requantizer's fast paths are set up and proven exact (the arithmetic
-is explained in coralrt/sim/kernels/requant.py): the clamp range of each
-channel found by searching TFLite's integer formula, the float64 constants
-with their exactness bounds, and the float32 constants with their proof.
+is explained in coralrt/sim/kernels/requant.py): the range of accumulators
+that can still change each channel's output, found by searching TFLite's
+integer formula; the float64 constants with their exactness bounds; the
+float32 constants with their proof; and whether the results fit int16.
 
 May import (layer 6): numpy and the rest of coralrt.sim.
 """
@@ -10,18 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-try:                                   # the clip ufunc, without np.clip's Python checks
-    from numpy._core.umath import clip as _clip
-except ImportError:                    # numpy < 2
-    from numpy.core.umath import clip as _clip
-
 __all__ = ["no_wrap", "float_plan", "float32_steps"]
 
 _EXACT = 1 << 53                       # integers float64 holds exactly
 _F32_HALVES = 1 << 23                  # halves of integers float32 holds exactly
+_INT16 = 32000                         # |y| below this casts to int16 exactly (with margin)
 _TILE = 2048                           # per-channel constants tiled to this length
-_F32_CHECK = 1 << 20                   # most x the float32 check computes one by one
-_F32_NUDGES = 4                        # offsets tried per float32 multiplier
+_F32_NUDGES = 6                        # offsets tried per float32 multiplier
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -39,7 +35,7 @@ def no_wrap(m, s, bias, acc_bound) -> bool:
 
 
 def _exact_f(x: np.ndarray, m, e, K) -> np.ndarray:
-    """F(x) of the module docstring, in int64 (|x| <= 2^31, m < 2^31: no overflow).
+    """F(x) of requant.py's docstring, in int64 (|x| <= 2^31, m < 2^31: no overflow).
     For a left shift (e < 0) it is srdhm(x * 2^-e, m) = floor((x m + 2^(30+e)) / 2^(31+e))."""
     p = x * m
     w = p + K + np.where((e > 0) & (p + (1 << 30) < 0), -(1 << 31), 0)
@@ -63,8 +59,30 @@ def _search(m, e, K, target: int, first_at_least: bool) -> np.ndarray:
     return lo
 
 
-def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict | None:
-    """Constants of the float64 path, or None where its exactness bounds fail."""
+def _first_at_least(m, e, K, v: np.ndarray) -> np.ndarray | None:
+    """For channels (axis 0) and targets ``v`` (axis 1): the smallest x in
+    [-2^31, 2^31] with F(x) >= v, by exact integer division, checked; None if a
+    check fails (it cannot, barring a slip in this formula).
+
+    F(x) >= v  <=>  x m + K - c >= v 2^S, with c = 2^31 for x < 0 (and e > 0):
+    the first x is the negative-side solution if that is negative, else the
+    non-negative side's (at least 0)."""
+    m, e, K = (np.asarray(a, np.int64)[:, None] for a in (m, e, K))
+    need = v[None, :] * (np.int64(1) << (31 + e)) - K              # |.| < 2^61
+    pos = -((-need) // m)
+    neg = -((-(need + np.where(e > 0, np.int64(1) << 31, 0))) // m)
+    x = np.clip(np.where(neg < 0, neg, np.maximum(pos, 0)), _INT32_MIN, _INT32_MAX + 1)
+    inner = (x > _INT32_MIN) & (x <= _INT32_MAX)
+    ok = (_exact_f(x - 1, m, e, K) < v) | ~inner
+    ok &= (_exact_f(np.minimum(x, _INT32_MAX), m, e, K) >= v) | (x > _INT32_MAX)
+    return x if ok.all() else None
+
+
+def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype,
+               acc_bound=None) -> dict | None:
+    """Constants of the float paths, or None where the float64 path's exactness
+    bounds fail.  ``acc_bound``: the largest |accumulator| (without the bias)
+    per channel or for all, if known."""
     if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or lo > hi:
         return None
     if not (((m >= 1 << 30) & (m < 1 << 31)) | (m == 0)).all():
@@ -79,9 +97,6 @@ def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict |
         return None
     K = np.where(e >= 0, (1 << 30) + np.where(e > 0, np.int64(1) << np.maximum(e - 1, 0), 0)
                  * (1 << 31), np.int64(1) << np.maximum(30 + e, 0))
-    # Multipliers above 1 (e < 0) step F by more than 1: x is clamped one past
-    # its range and the output clamped too.
-    wide = bool((e < 0).any())
     if (np.abs(b) >= _F32_HALVES).any() or (e > 21).any():
         # b + 1/2 must be exact in float32; past e = 21 (multipliers below 2^-21)
         # the offsets no longer fit the float64 bounds anyway.
@@ -101,7 +116,9 @@ def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict |
     signed = lo < 0 and bool(((e > 0) & live).any())
     half = 0.5 if signed else 0.0
     S = 31 + e
-    xl, xh = x_lo - wide, x_hi + wide
+    # Exact on [x_lo - 1, x_hi + 1]; beyond, every step is monotonic in x, so the
+    # output stays clamped (requant.py's docstring).
+    xl, xh = x_lo - 1, x_hi + 1
     if (np.maximum(np.abs(xl), np.abs(xh))[live] >= _F32_HALVES).any():
         return None
     # Every quantity below is an int64 (S <= 52, |x| < 2^23, m < 2^31) that must
@@ -124,8 +141,6 @@ def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict |
         return None
     cols = {
         "b": b + half,
-        "xlo": np.where(live, xl + half, half),
-        "xhi": np.where(live, xh + half, half),
         "r": np.where(live, np.ldexp(m.astype(np.float64), -S), 0.0),
         "kc": np.where(live, np.ldexp(kc_int.astype(np.float64), -unit),
                        np.clip(f_min, lo, hi).astype(np.float64) + off),
@@ -133,126 +148,134 @@ def float_plan(m, e, bias, lo: int, hi: int, zp: int, dtype: np.dtype) -> dict |
         else np.zeros(ch),
     }
     plan = {"signed": signed, "flip": dtype == np.dtype(np.int8),
-            "tile": max(1, -(-_TILE // ch)), "clamp_out": wide,
-            "ylo": np.float64(lo + off), "yhi": np.float64(hi + off)}
+            "tile": max(1, -(-_TILE // ch)), "L": lo + off, "H": hi + off}
     for k, v in cols.items():
         arr = np.asarray(v, np.float64)
         # Uniform values as float64 scalars: a Python float would let a float32
         # operand pick a float32 loop (NumPy's casting rules), losing exactness.
         plan[k] = arr[0] if (arr == arr[0]).all() else arr
-    plan["uniform_bounds"] = not isinstance(plan["xlo"], np.ndarray) and \
-        not isinstance(plan["xhi"], np.ndarray)
-    plan["f32"] = None
-    if plan["uniform_bounds"] and not any(isinstance(plan[k], np.ndarray)
-                                          for k in ("r", "kc", "dh")):
-        plan["f32"] = _float32_constants(
-            plan, lambda x: np.clip(_exact_f(x, m[0], e[0], K[0]), lo, hi) + off)
+    # |t| for every accumulator the operator can produce (t = acc + b (+ 1/2)).
+    reach = None
+    if acc_bound is not None:
+        bound = np.asarray(acc_bound, np.float64).reshape(-1)
+        if bound.size != ch:             # per-channel bounds of a per-tensor requantizer
+            bound = np.full(ch, bound.max())
+        reach = bound + np.abs(b) + 1
+    plan["int16"] = reach is not None and bool(
+        (reach * cols["r"] + np.abs(cols["kc"]) + cols["dh"]).max() < _INT16)
+    exact = (m, e, K, off)
+    plan["f32"] = _float32_constants(plan, cols, live, exact, reach)
     return plan
 
 
 def float32_steps(t: np.ndarray, r, kc, dh, plan: dict, s: np.ndarray) -> np.ndarray:
-    """The float32 form, in place on ``t`` (x, or x + 1/2 in the signed form, already
-    clamped): t * r + kc (+ copysign(dh, t)), clamped.  ``s``: a scratch array.
-    The one sequence of float32 operations both the check and the kernels run."""
+    """The float32 form, in place on ``t`` (x, or x + 1/2 in the signed form):
+    t * r + kc (+ copysign(dh, t)).  ``s``: a scratch array.  The one sequence of
+    float32 operations both the proof and the kernels run."""
     np.multiply(t, r, out=t)
     if plan["signed"]:
         np.copysign(dh, t, out=s)        # t * r has the sign of t (r > 0, |t| >= 1/2)
     np.add(t, kc, out=t)
     if plan["signed"]:
         np.add(t, s, out=t)
-    if plan["clamp_out"]:
-        _clip(t, np.float32(plan["ylo"]), np.float32(plan["yhi"]), out=t)
     return t
 
 
-def _float32_constants(plan: dict, exact) -> dict | None:
-    """float32 (r, kc, dh) for which the float32 form gives exactly F(x) + off for
-    every x of the clamped range, or None if no candidate near the float64
-    constants does.
+def _float32_constants(plan: dict, cols: dict, live: np.ndarray, exact, reach) -> dict | None:
+    """float32 (r, kc, dh), per channel or for all, for which the float32 form gives
+    exactly the clamped F(x) + off for every x an accumulator can reach, or None if
+    no candidate near the float64 constants does for some channel.
 
-    float32 cannot hold the products exactly, so the proof has two halves.
-    The float32 result differs from the exact value Y(x) = F's argument + off
-    by at most E (:func:`_float32_error`: the constants' own rounding plus one
-    rounding per operation).  Where Y(x) is farther than E from every integer,
-    both floor to the same integer.  The other x, the "near" ones, lie within
-    E / r of the points where Y crosses an integer, at most a few per output
-    value: :func:`_near_integers` lists them all and each is computed with the
-    very float32 operations the kernels run (float32 arithmetic is
-    deterministic: correctly rounded, never fused) and compared with F.  The
-    values must also stay in (-1, 256), where the cast to uint8 truncates."""
-    half = 0.5 if plan["signed"] else 0.0
-    lo, hi = int(plan["xlo"] - half), int(plan["xhi"] - half)
-    dh = np.float32(plan["dh"])
-    r0, kc0 = np.float32(plan["r"]), np.float32(plan["kc"])
+    **The proof.**  Every float32 step is monotonic in x (correctly rounded
+    products and sums by positive or fixed operands; the sign term steps up at
+    0), and so is the final clamp and cast; call the result g.  The exact
+    output f is monotonic too, and constant on each run of x between the points
+    x_n where F(x) + off first reaches n.  If g = f at both ends of every run
+    (x_n - 1 and x_n, for n from L to H + 1), then on a run g is squeezed
+    between two equal values, so g = f everywhere.  That is two points per
+    output value and channel (:func:`check_points`), computed with the very
+    float32 operations the kernels run (float32 arithmetic is deterministic:
+    correctly rounded, never fused).  Where a channel's nearest constants fail,
+    the offset is nudged a few units in the last place towards its misses, and
+    the multiplier one unit either way.
 
-    def misses(r, kc):
-        """None if (r, kc) is exact on the whole range, else the direction to nudge kc."""
-        xs = _near_integers(plan, lo, hi, r, kc)
-        if xs is None:
-            return 0.0                                      # too many to check
-        t = xs.astype(np.float32) + np.float32(half)
-        y = float32_steps(t, r, kc, dh, plan, np.empty_like(t))
-        if y.min(initial=0) <= -1 or y.max(initial=0) >= 256:
-            return 0.0                                      # no nudge helps
-        got, want = y.astype(np.uint8).astype(np.int64), exact(xs)
-        bad = got != want
-        if bad.any():
-            return np.inf if (got[bad] < want[bad]).sum() * 2 >= bad.sum() else -np.inf
-        return None
-
-    for r in (r0, np.nextafter(r0, np.float32(np.inf)), np.nextafter(r0, np.float32(0))):
-        kc = kc0
-        for _ in range(_F32_NUDGES):
-            direction = misses(r, kc)
-            if direction is None:
-                return {"r": r, "kc": kc, "dh": dh}
-            if direction == 0.0:
+    Small multipliers usually fail: float32 resolves y to about 2^-16 while
+    consecutive x differ by r in y, so with r near 0.005 (typical of int8
+    per-channel layers) a few of a channel's 516 points lie too close to an
+    integer for any nearby constants."""
+    idx = np.flatnonzero(live)
+    r64, kc64, dh64 = (np.broadcast_to(cols[k], live.shape).astype(np.float64)
+                       for k in ("r", "kc", "dh"))
+    r32, kc32, dh32 = r64.astype(np.float32), kc64.astype(np.float32), dh64.astype(np.float32)
+    if (kc32[~live] != kc64[~live]).any():
+        return None                                  # constants: integers below 256
+    if idx.size:
+        points = check_points(plan, live, exact, reach)
+        if points is None:
+            return None
+        t, want = points
+        todo = np.arange(idx.size)
+        for dr in (0, 1, -1):
+            r_try = r32[idx[todo]]
+            if dr:
+                r_try = np.nextafter(r_try, np.float32(dr * np.inf))
+            kc_try = kc32[idx[todo]]
+            for _ in range(_F32_NUDGES):
+                ch = idx[todo]
+                got = float32_outputs(plan, t[todo], r_try, kc_try, dh32[ch])
+                bad = got != want[todo]
+                ok = ~bad.any(axis=1)
+                r32[ch[ok]], kc32[ch[ok]] = r_try[ok], kc_try[ok]
+                low = np.where(bad, got < want[todo], False).sum(axis=1)
+                up = low * 2 >= bad.sum(axis=1)
+                todo, r_try, kc_try, up = todo[~ok], r_try[~ok], kc_try[~ok], up[~ok]
+                if not todo.size:
+                    break
+                kc_try = np.nextafter(kc_try, np.where(up, np.float32(np.inf),
+                                                       np.float32(-np.inf)))
+            if not todo.size:
                 break
-            kc = np.nextafter(kc, np.float32(direction))    # toward the side of the misses
-    return None
+        if todo.size:
+            return None
+    out = {}
+    for k, v in (("r", r32), ("kc", kc32), ("dh", dh32)):
+        out[k] = v[0] if (v == v[0]).all() else v
+    return out
 
 
-def _float32_error(plan: dict, lo: int, hi: int, r32, kc32) -> float:
-    """A bound on |float32 result - Y(x)| over x in [lo, hi] (see _float32_constants).
+def check_points(plan: dict, live: np.ndarray, exact, reach):
+    """(t, want) for the live channels (rows): the float32 inputs t = x (+ 1/2) at
+    both ends of every run of the exact output, clipped to the reachable x, and
+    the exact clamped outputs there; None if the proof cannot cover the range.
 
-    With t = x (+ 1/2) exact, the float32 steps are p = fl(t r32), q = fl(p + kc32)
-    and, signed, fl(q +- dh) (dh a power of two, exact); each fl() is off by at
-    most u = 2^-24 times its result, and every result is at most
-    B = |t| max(r) + max(|kc|) + dh + 256 in magnitude (the output is below 256,
-    and |t r| can exceed it only by |kc|).  So the error is at most
-    |t| |r32 - r| + |kc32 - kc| + 3 u B (1 + 2u)^2, taken here with margin."""
-    half = 0.5 if plan["signed"] else 0.0
-    t = max(abs(lo + half), abs(hi + half))
-    r, kc, dh = float(plan["r"]), float(plan["kc"]), float(plan["dh"])
-    r32, kc32 = float(r32), float(kc32)
-    bound = t * max(r, r32) + max(abs(kc), abs(kc32)) + dh + 256.0
-    return (t * abs(r32 - r) + abs(kc32 - kc) + 3.0 * 2.0**-24 * bound) * 1.01 + 2.0**-40
-
-
-def _near_integers(plan: dict, lo: int, hi: int, r32, kc32) -> np.ndarray | None:
-    """Every x in [lo, hi] whose Y(x) lies within the float32 error of an integer
-    (plus the range's ends), or None if there would be too many to list.
-
-    Y(x) = x r + c, with c = kc (unsigned form) or (1/2) r + kc +- dh for x >= 0
-    and x < 0 (signed form): for each integer n Y can reach, the x with
-    |x r + c - n| <= E form one short interval, listed with a margin of one x
-    on each side for the rounding of the division that finds it."""
-    err = _float32_error(plan, lo, hi, r32, kc32)
-    r, kc, dh = float(plan["r"]), float(plan["kc"]), float(plan["dh"])
-    if r == 0.0:                                          # a constant: one x tells
-        return np.array([lo, hi], np.int64)
-    if plan["signed"]:
-        offsets = (0.5 * r + kc + dh, 0.5 * r + kc - dh)
-    else:
-        offsets = (kc,)
-    ends = [x * r + c for x in (lo, hi) for c in offsets]
-    n = np.arange(np.floor(min(ends) - err) - 1, np.ceil(max(ends) + err) + 2)
-    width = int(np.ceil(2 * err / r)) + 4
-    if n.size * width * len(offsets) > _F32_CHECK:
+    Points are clipped to the reachable x, below 2^23 in magnitude (where
+    x + 1/2 is exact); if the reachable range is wider than that, or unknown,
+    f must already be clamped at the ends (past them g is only known to be
+    monotonic)."""
+    L, H = plan["L"], plan["H"]
+    m, e, K, off = exact
+    idx = np.flatnonzero(live)
+    m, e, K = (np.broadcast_to(a, live.shape)[idx] for a in (m, e, K))
+    cap = np.float64(_F32_HALVES - 2)
+    xc = (np.full(idx.size, cap) if reach is None else np.minimum(reach[idx], cap))
+    xc = xc.astype(np.int64)[:, None]
+    firsts = _first_at_least(m, e, K, np.arange(L, H + 2, dtype=np.int64) - off)
+    if firsts is None:
         return None
-    parts = [np.array([lo, hi], np.int64)]
-    for c in offsets:
-        first = np.floor((n - c - err) / r).astype(np.int64) - 1
-        parts.append((first[:, None] + np.arange(width)).reshape(-1))
-    xs = np.unique(np.concatenate(parts))
-    return xs[(xs >= lo) & (xs <= hi)]
+    x = np.clip(np.concatenate([firsts - 1, firsts, -xc, xc], axis=1), -xc, xc)
+    want = np.clip(_exact_f(x, m[:, None], e[:, None], K[:, None]) + off, L, H)
+    wide = np.ones(idx.size, bool) if reach is None else reach[idx] > xc[:, 0]
+    if (wide & ((want[:, -2] != L) | (want[:, -1] != H))).any():
+        return None
+    half = np.float32(0.5 if plan["signed"] else 0.0)
+    return x.astype(np.float32) + half, want
+
+
+def float32_outputs(plan: dict, t: np.ndarray, r, kc, dh) -> np.ndarray:
+    """What the kernels output for float32 inputs ``t`` (rows: channels) with
+    per-row constants: the float32 steps, then truncation and the clamp (the
+    int16 cast and the float clamp then uint8 cast give the same for y >= 0 and
+    for y < 0, where both give L)."""
+    y = float32_steps(t.copy(), r[:, None], kc[:, None], dh[:, None], plan,
+                      np.empty(t.shape, np.float32))
+    return np.clip(np.trunc(y), plan["L"], plan["H"])
