@@ -127,9 +127,8 @@ def _check_against_everything(seed: int) -> set:
     m, e = np.asarray(mult, np.int64), -np.asarray(shift, np.int64)
     K = np.where(e > 0, (1 << 30) + (np.int64(1) << (e - 1)) * (1 << 31), 1 << 30)
     off = zp + (128 if act[0] < 0 else 0)
-    live = np.ones(channels, bool)
     reach = np.full(channels, bound + 1.0)
-    t, want = plan_module.check_points(plan, live, (m, e, K, off), reach)
+    t, want = plan_module.check_points(plan, (m, e, K, off), reach)
     xs = np.arange(-bound - 1, bound + 2)
     everything = np.clip(plan_module._exact_f(xs[None, :], m[:, None], e[:, None], K[:, None])
                          + off, plan["L"], plan["H"])
@@ -240,3 +239,18 @@ def test_the_bias_folded_into_the_gemm(act):
     assert gemm.extra
     folded = plain(gemm(np.hstack([a, np.ones((30, 1), np.float32)])), pre_added=True)
     assert np.array_equal(folded, plain(ExactGemm(weights, 255)(a)))
+
+
+def test_many_channels_are_proven_by_pair():
+    """Over 64 channels the proof first samples 16 of them: large multipliers pass
+    (and are right everywhere), small ones (int8 per-channel layers) are refused."""
+    rng = np.random.default_rng(11)
+    bound = 2000
+    for shift, found in ((-1, True), (-8, False)):
+        mult = rng.integers(1 << 30, 1 << 31, size=100)
+        rq = Requantizer(mult, np.full(100, shift), 3, -128, 127, np.int8,
+                         rng.integers(-50, 50, 100), acc_bound=bound)
+        assert (rq._plan["f32"] is not None) == found
+        acc = rng.integers(-bound, bound + 1, size=(3000, 100))
+        want = _want(acc, mult, np.full(100, shift), 3, (-128, 127), np.int8, rq.bias)
+        assert np.array_equal(rq(acc.astype(np.float32)), want)

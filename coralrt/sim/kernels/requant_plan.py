@@ -203,50 +203,81 @@ def _float32_constants(plan: dict, cols: dict, live: np.ndarray, exact, reach) -
     consecutive x differ by r in y, so with r near 0.005 (typical of int8
     per-channel layers) a few of a channel's 516 points lie too close to an
     integer for any nearby constants."""
-    idx = np.flatnonzero(live)
     r64, kc64, dh64 = (np.broadcast_to(cols[k], live.shape).astype(np.float64)
                        for k in ("r", "kc", "dh"))
     r32, kc32, dh32 = r64.astype(np.float32), kc64.astype(np.float32), dh64.astype(np.float32)
     if (kc32[~live] != kc64[~live]).any():
         return None                                  # constants: integers below 256
+    idx = np.flatnonzero(live)
     if idx.size:
-        points = check_points(plan, live, exact, reach)
-        if points is None:
+        # The constants depend on (m, e) only: one proof per distinct pair, over
+        # the widest reach of its channels.
+        m, e, K = (np.broadcast_to(a, live.shape)[idx] for a in exact[:3])
+        _, first, inverse = np.unique(np.stack([m, e]), axis=1, return_index=True,
+                                      return_inverse=True)
+        inverse = inverse.reshape(-1)
+        group_reach = None
+        if reach is not None:
+            group_reach = np.zeros(first.size)
+            np.maximum.at(group_reach, inverse, reach[idx])
+        rep = idx[first]
+        found = _search_float32(plan, (m[first], e[first], K[first], exact[3]), group_reach,
+                                r32[rep], kc32[rep], dh32[rep])
+        if found is None:
             return None
-        t, want = points
-        todo = np.arange(idx.size)
-        for dr in (0, 1, -1):
-            r_try = r32[idx[todo]]
-            if dr:
-                r_try = np.nextafter(r_try, np.float32(dr * np.inf))
-            kc_try = kc32[idx[todo]]
-            for _ in range(_F32_NUDGES):
-                ch = idx[todo]
-                got = float32_outputs(plan, t[todo], r_try, kc_try, dh32[ch])
-                bad = got != want[todo]
-                ok = ~bad.any(axis=1)
-                r32[ch[ok]], kc32[ch[ok]] = r_try[ok], kc_try[ok]
-                low = np.where(bad, got < want[todo], False).sum(axis=1)
-                up = low * 2 >= bad.sum(axis=1)
-                todo, r_try, kc_try, up = todo[~ok], r_try[~ok], kc_try[~ok], up[~ok]
-                if not todo.size:
-                    break
-                kc_try = np.nextafter(kc_try, np.where(up, np.float32(np.inf),
-                                                       np.float32(-np.inf)))
-            if not todo.size:
-                break
-        if todo.size:
-            return None
+        r32[idx], kc32[idx] = found[0][inverse], found[1][inverse]
     out = {}
     for k, v in (("r", r32), ("kc", kc32), ("dh", dh32)):
         out[k] = v[0] if (v == v[0]).all() else v
     return out
 
 
-def check_points(plan: dict, live: np.ndarray, exact, reach):
-    """(t, want) for the live channels (rows): the float32 inputs t = x (+ 1/2) at
-    both ends of every run of the exact output, clipped to the reachable x, and
-    the exact clamped outputs there; None if the proof cannot cover the range.
+def _search_float32(plan: dict, exact, reach, r32, kc32, dh32):
+    """(r, kc) per row (a distinct (m, e) pair) that pass :func:`check_points`, trying
+    the nearest constants, then offsets nudged towards the misses and the
+    multiplier one unit either way; None if some row finds none."""
+    if r32.size > 64:
+        # Rows fail together (small multipliers): a sample of 16 tells, cheaply.
+        pick = np.linspace(0, r32.size - 1, 16).astype(np.int64)
+        points = check_points(plan, tuple(a[pick] for a in exact[:3]) + (exact[3],),
+                              None if reach is None else reach[pick])
+        if points is None:
+            return None
+        got = float32_outputs(plan, points[0], r32[pick], kc32[pick], dh32[pick])
+        if (got != points[1]).any(axis=1).sum() * 4 > pick.size:
+            return None
+    points = check_points(plan, exact, reach)
+    if points is None:
+        return None
+    t, want = points
+    r32, kc32 = r32.copy(), kc32.copy()
+    todo = np.arange(r32.size)
+    for dr in (0, 1, -1):
+        r_try = r32[todo]
+        if dr:
+            r_try = np.nextafter(r_try, np.float32(dr * np.inf))
+        kc_try = kc32[todo]
+        for _ in range(_F32_NUDGES):
+            got = float32_outputs(plan, t[todo], r_try, kc_try, dh32[todo])
+            bad = got != want[todo]
+            ok = ~bad.any(axis=1)
+            r32[todo[ok]], kc32[todo[ok]] = r_try[ok], kc_try[ok]
+            low = np.where(bad, got < want[todo], False).sum(axis=1)
+            up = low * 2 >= bad.sum(axis=1)
+            todo, r_try, kc_try, up = todo[~ok], r_try[~ok], kc_try[~ok], up[~ok]
+            if not todo.size:
+                return r32, kc32
+            if todo.size * 4 > r32.size:
+                return None          # nudges rescue a few rows, never most (load time)
+            kc_try = np.nextafter(kc_try, np.where(up, np.float32(np.inf), np.float32(-np.inf)))
+    return None
+
+
+def check_points(plan: dict, exact, reach):
+    """(t, want), one row per (m, e, K) of ``exact``: the float32 inputs t = x (+ 1/2)
+    at both ends of every run of the exact output, and the exact clamped outputs
+    there; None if the proof cannot cover the range.  ``reach``: per row, the
+    largest |x| an accumulator can give (None: unknown).
 
     Points are clipped to the reachable x, below 2^23 in magnitude (where
     x + 1/2 is exact); if the reachable range is wider than that, or unknown,
@@ -254,17 +285,16 @@ def check_points(plan: dict, live: np.ndarray, exact, reach):
     monotonic)."""
     L, H = plan["L"], plan["H"]
     m, e, K, off = exact
-    idx = np.flatnonzero(live)
-    m, e, K = (np.broadcast_to(a, live.shape)[idx] for a in (m, e, K))
+    rows = m.size
     cap = np.float64(_F32_HALVES - 2)
-    xc = (np.full(idx.size, cap) if reach is None else np.minimum(reach[idx], cap))
+    xc = (np.full(rows, cap) if reach is None else np.minimum(reach, cap))
     xc = xc.astype(np.int64)[:, None]
     firsts = _first_at_least(m, e, K, np.arange(L, H + 2, dtype=np.int64) - off)
     if firsts is None:
         return None
     x = np.clip(np.concatenate([firsts - 1, firsts, -xc, xc], axis=1), -xc, xc)
     want = np.clip(_exact_f(x, m[:, None], e[:, None], K[:, None]) + off, L, H)
-    wide = np.ones(idx.size, bool) if reach is None else reach[idx] > xc[:, 0]
+    wide = np.ones(rows, bool) if reach is None else reach > xc[:, 0]
     if (wide & ((want[:, -2] != L) | (want[:, -1] != H))).any():
         return None
     half = np.float32(0.5 if plan["signed"] else 0.0)
