@@ -50,6 +50,12 @@ class InferenceSession:
         reference kernels, ``BUILTIN_REF``).
     :param partition_mode: ``"multi"`` (default) or ``"compat"``, for the
         just-in-time compiler (``sim`` and ``coral`` targets).
+    :param rewrites: graph rewrites applied before partitioning (docs/rewrites.md):
+        ``"exact"`` (those that keep the integer results; the default in
+        ``multi`` mode), ``"auto"`` (approximations too, each reported in
+        ``compile_info["rewrites"]``), ``"none"`` (the default in ``compat``
+        mode: edgetpu_compiler rewrites nothing) or a list of rewrite names.
+        The ``cpu`` target never rewrites.
     :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
         the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
     :param device: the stick(s) for the Edge TPU steps: an open
@@ -100,7 +106,7 @@ class InferenceSession:
                  partition_mode: str = "multi", cache=None, device=None, plugins=None,
                  override_builtins: bool = False, pipeline_depth: int = 2,
                  compiler_url: str | None = None, strategy: str | None = None,
-                 max_pending: int = 4, driver: str | None = None):
+                 max_pending: int = 4, driver: str | None = None, rewrites=None):
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
         check_strategy(strategy)
@@ -113,7 +119,8 @@ class InferenceSession:
                               cache=cache, plugins=plugins,
                               override_builtins=override_builtins,
                               pipeline_depth=pipeline_depth, compiler_url=compiler_url,
-                              strategy=strategy, max_pending=max_pending, driver=driver)
+                              strategy=strategy, max_pending=max_pending, driver=driver,
+                              rewrites=rewrites)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
         self._host = plugin_host(tuple(plugins or ()))
@@ -123,7 +130,8 @@ class InferenceSession:
             cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
             device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth,
             compiler_url=compiler_url, strategy=strategy, max_pending=max_pending,
-            driver=driver)
+            driver=driver, rewrites=rewrites)
+        targets.chosen_rewrites(options)     # a misspelt name fails on every target
         parsed = None
         if target == "auto":
             target, parsed = targets.choose_auto(model, options)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # `import coralrt`.
 
 __all__ = ["Prepared", "Options", "prepare", "choose_auto", "open_stick", "usb_compiler",
-           "resolve_driver"]
+           "resolve_driver", "chosen_rewrites"]
 
 log = logging.getLogger("coralrt.session")
 
@@ -54,6 +54,9 @@ class Options:
     num_threads: int | None = None
     cpu_kernels: str = "optimized"
     partition_mode: str = "multi"
+    # Rewrites before partitioning: "exact" | "auto" | "none" | names; None: "exact"
+    # in multi mode, "none" in compat mode (edgetpu_compiler rewrites nothing).
+    rewrites: object = None
     cache: CompileCache | None = None
     device: DeviceSpec = None
     override_builtins: bool = False
@@ -132,13 +135,24 @@ def _jit(source, o: Options, compiler, parsed: Model | None = None) -> JitResult
     host = o.host
     return jit_compile(source, mode=o.partition_mode, cache=o.cache, compiler=compiler,
                        rules=host.ops.rules(), rules_fingerprint=host.ops.fingerprint(),
-                       events=host.compile_event, parsed=parsed)
+                       events=host.compile_event, parsed=parsed,
+                       rewrites=chosen_rewrites(o))
+
+
+def chosen_rewrites(o: Options) -> list:
+    """The rewrites a JIT compile applies, in order (the cpu target applies none)."""
+    from coralrt.compile.rewrite import select_rewrites
+    spec = o.rewrites
+    if spec is None:
+        spec = "none" if o.partition_mode == "compat" else "exact"
+    return select_rewrites(spec, o.host.rewrites.rewrites)
 
 
 def _cached_for_usb(source, o: Options) -> JitResult | None:
     from coralrt.compile.jit import jit_lookup
     return jit_lookup(source, device_kind="usb", mode=o.partition_mode, cache=o.cache,
-                      rules_fingerprint=o.host.ops.fingerprint())
+                      rules_fingerprint=o.host.ops.fingerprint(),
+                      rewrites=chosen_rewrites(o))
 
 
 def _devices(o: Options, default) -> tuple[list[EdgeTpuDevice], bool]:

@@ -238,7 +238,7 @@ def test_partition_cli_json(capsys):
     path = shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite")
     assert main(["partition", str(path), "--mode", "compat", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"ops", "segments", "summary"}
+    assert set(data) == {"ops", "segments", "summary", "rewrites"}
     op = data["ops"][64]
     assert set(op) >= {"index", "opcode", "target", "segment", "reason"}
     assert (op["opcode"], op["target"], op["segment"]) == ("RESIZE_BILINEAR", "cpu", None)

@@ -396,15 +396,19 @@ def test_plugins_command_json(install, capsys, monkeypatch):
     code, out, _ = cli(capsys, "plugins", "--json")
     report = json.loads(out)
     assert code == 0 and report["strict"] and report["autoload"]
-    assert report["columns"] == ["operators", "rules", "compilers", "devices"] == columns()
+    assert report["columns"] == ["operators", "rules", "compilers", "devices",
+                                 "rewrites"] == columns()
     plugins = {p["name"]: p for p in report["plugins"]}
     assert plugins[BUILTIN]["source"] == "builtin"
     assert plugins[BUILTIN]["provides"]["devices"] == ["sim"]
+    # Approximations are marked with "~".
+    assert plugins[BUILTIN]["provides"]["rewrites"] == ["fc_as_conv", "gelu~",
+                                                        "split_embedding", "split_wide"]
     good = plugins["twice"]
     assert (good["distribution"], good["version"], good["status"]) == ("acme-good", "2.5",
                                                                        "loaded")
     assert good["provides"] == {"operators": ["Twice"], "rules": [], "compilers": [],
-                                "devices": []}
+                                "devices": [], "rewrites": []}
     assert good["hooks"] == ["coralrt_register_ops"]
     broken = plugins["acme"]
     assert broken["status"] == "skipped" and "ModuleNotFoundError" in broken["error"]
@@ -431,22 +435,22 @@ def test_plugins_command_shows_a_conflict(install, capsys):
 
 def test_a_new_registration_hook_becomes_a_column(install, capsys, monkeypatch):
     @hookspecs.hookspec
-    def coralrt_register_rewrites(registry):
+    def coralrt_register_exporters(registry):
         """A registration hook this version of the host does not fill."""
 
-    monkeypatch.setattr(hookspecs, "coralrt_register_rewrites", coralrt_register_rewrites,
+    monkeypatch.setattr(hookspecs, "coralrt_register_exporters", coralrt_register_exporters,
                         raising=False)
-    install("acme-rewrites", """
+    install("acme-exporters", """
         import coralrt
 
         @coralrt.hookimpl
-        def coralrt_register_rewrites(registry):
+        def coralrt_register_exporters(registry):
             pass
-    """, entry_point="rewrites")
-    assert columns()[-1] == "rewrites"
+    """, entry_point="exporters")
+    assert columns()[-1] == "exporters"
     code, out, _ = cli(capsys, "plugins", "--json")
     plugins = {p["name"]: p for p in json.loads(out)["plugins"]}
-    assert plugins["rewrites"]["provides"]["rewrites"] == ["yes"]
-    assert plugins[BUILTIN]["provides"]["rewrites"] == []
+    assert plugins["exporters"]["provides"]["exporters"] == ["yes"]
+    assert plugins[BUILTIN]["provides"]["exporters"] == []
     code, out, _ = cli(capsys, "plugins")
-    assert out.splitlines()[0].split()[-3:] == ["rewrites", "other", "hooks"]
+    assert out.splitlines()[0].split()[-3:] == ["exporters", "other", "hooks"]

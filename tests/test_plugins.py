@@ -102,8 +102,8 @@ HOOKS = [name for name in dir(hookspecs) if name.startswith("coralrt_")]
 
 def test_hookspecs_are_documented():
     assert set(HOOKS) == {"coralrt_register_ops", "coralrt_register_compilers",
-                          "coralrt_register_devices", "coralrt_compile_event",
-                          "coralrt_run_step"}
+                          "coralrt_register_devices", "coralrt_register_rewrites",
+                          "coralrt_compile_event", "coralrt_run_step"}
     for name in HOOKS:
         fn = getattr(hookspecs, name)
         doc = inspect.getdoc(fn) or ""
@@ -206,6 +206,36 @@ def test_hook_coralrt_register_compilers():
                             plugins=[Plugin()])
     assert CountingCompiler.calls == 1 and sess.compile_info["compiler"].startswith(
         "counting-native")
+
+
+def test_hook_coralrt_register_rewrites():
+    """A plugin's rewrite replaces coralrt's own of the same name and runs in sessions."""
+    from coralrt.plugins.rewrite_registry import RewriteRegistry
+    ran = []
+
+    class NoGelu:
+        name, version, exact, order = "gelu", 7, False, 100
+        description = "a stand-in that only counts"
+
+        def apply(self, editor):
+            ran.append(len(editor.ops))
+            return []
+
+    class Plugin:
+        @coralrt.hookimpl
+        def coralrt_register_rewrites(self, registry):
+            registry.add(NoGelu())
+
+    fresh = RewriteRegistry()
+    pm = manager(rw=Plugin())
+    pm.hook.coralrt_register_rewrites(registry=fresh.for_plugin("rw"))
+    assert list(fresh.rewrites) == ["gelu"] and fresh.plugin_for("gelu") == "rw"
+    host = PluginHost([Plugin()])
+    assert isinstance(host.rewrites.rewrites["gelu"], NoGelu)          # a plugin wins
+    assert {"fc_as_conv", "split_wide"} <= set(host.rewrites.rewrites)
+    sess = InferenceSession(shared_model("split_concat.tflite"), target="sim",
+                            plugins=[Plugin()], rewrites=["gelu"])
+    assert ran and sess.compile_info["rewrites"] == []
 
 
 def test_hook_coralrt_register_devices():

@@ -28,7 +28,7 @@ from coralrt.sim.latency import USB_RATES
 
 log = logging.getLogger("coralrt.cli")
 
-__all__ = ["add_parser", "command", "format_plan"]
+__all__ = ["add_parser", "command", "format_plan", "rewritten"]
 
 
 def add_parser(sub, parents) -> None:
@@ -41,6 +41,11 @@ def add_parser(sub, parents) -> None:
     p.add_argument("--mode", choices=MODES, default="multi",
                    help="compat: one Edge TPU segment, as edgetpu_compiler makes; multi "
                         "(default): every worthwhile supported region becomes a segment")
+    p.add_argument("--rewrites", metavar="SPEC", default=None,
+                   help="graph rewrites before partitioning: exact (default in multi mode: "
+                        "those that keep the integer results), auto (approximations too), "
+                        "none (default in compat mode) or comma-separated names; see "
+                        "docs/rewrites.md")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--html", metavar="OUT.html",
                    help="also write a self-contained HTML page: the operator graph coloured "
@@ -55,11 +60,26 @@ def add_parser(sub, parents) -> None:
 def command(args) -> int:
     model = load_model(Path(args.model))
     refuse_compiled(model, args.model)
+    model, records = rewritten(model, args.mode, args.rewrites)
     plan = partition(model, args.mode)
+    plan.rewrites = [r.to_dict() for r in records]
     if args.html or args.svg:
         _pictures(args, model, plan)
     print(dumps(plan.to_dict()) if args.json else format_plan(plan, args.model))
     return 0
+
+
+def rewritten(model: Model, mode: str, spec) -> tuple[Model, list]:
+    """``model`` after the rewrites ``spec`` chooses (None: the mode's default), and
+    the records of what they replaced."""
+    from coralrt.compile.rewrite import run_rewrites, select_rewrites
+    from coralrt.plugins.host import plugin_host
+    host = plugin_host()
+    if spec is None:
+        spec = "none" if mode == "compat" else "exact"
+    result = run_rewrites(model, select_rewrites(spec, host.rewrites.rewrites),
+                          rules=host.ops.rules())
+    return result.model, result.records
 
 
 def _pictures(args, model: Model, plan: PartitionPlan) -> None:
@@ -124,6 +144,9 @@ def format_plan(plan: PartitionPlan, name: str) -> str:
                  len(seg.inputs), len(seg.outputs)] for seg in plan.segments]
         lines += ["segments", table(["#", "ops", "MACs", "parameters", "inputs", "outputs"],
                                     rows, right={0, 1, 2, 4, 5}), ""]
+    if plan.rewrites:
+        lines += ["rewrites (operator numbers below are those of the rewritten model)",
+                  *(f"  {r['line']}" for r in plan.rewrites), ""]
     rows = [[o.index, o.opcode, o.target, "" if o.segment is None else o.segment, o.reason]
             for o in plan.ops]
     lines += ["operators", table(["#", "operator", "target", "segment", "status"], rows,

@@ -27,6 +27,7 @@ import numpy as np
 from coralrt.compile.cache import CompileCache, Entry, make_key
 from coralrt.compile.digest import model_digest
 from coralrt.compile.driver import compile_model
+from coralrt.compile.rewrite.base import cache_options, run_rewrites
 from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES
 from coralrt.compile.rules import RULES_VERSION
@@ -49,7 +50,7 @@ class JitResult:
 
 def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None = None,
                 cache: CompileCache | None = None, rules=None, rules_fingerprint=None,
-                events=None, parsed: Model | None = None) -> JitResult:
+                events=None, parsed: Model | None = None, rewrites=()) -> JitResult:
     """The compiled form of ``source`` (a path, the model's bytes, or a Model).
 
     On a cache hit the source model is neither parsed nor validated again:
@@ -61,6 +62,10 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     ``rules_fingerprint`` come from the plugin host; ``events(**event)``
     receives cache hits and misses, the planned segments, each compiled
     segment and the end of a compile (the ``coralrt_compile_event`` kinds).
+    ``rewrites``: the rewrite objects to apply before partitioning, in order
+    (:func:`coralrt.compile.rewrite.select_rewrites`); their names and
+    versions key the cache, and ``compile_info["rewrites"]`` lists what they
+    replaced.
     """
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -69,7 +74,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     cache = cache if cache is not None else CompileCache()
     model = source if isinstance(source, Model) else parsed
     digest, data = _digest(source, cache)
-    options = _options(mode, rules_fingerprint)
+    options = _options(mode, rules_fingerprint, rewrites)
     emit = events or (lambda **event: None)
     key = make_key(model_sha256=digest, options=options, compiler_id=compiler.id,
                    compiler_version=compiler.version)
@@ -82,8 +87,11 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         if model is None:
             model = load_model(data if data is not None else source)
         emit(kind="cache_miss", key=key)
+        rewritten = run_rewrites(model, list(rewrites), rules=rules)
+        for line in rewritten.lines():
+            log.info("%s", line)
         result = compile_model(
-            model, mode=mode, compiler=compiler, rules=rules,
+            rewritten.model, mode=mode, compiler=compiler, rules=rules,
             on_plan=lambda plan: emit(kind="segments_planned", key=key,
                                       segments=len(plan.segments),
                                       operators=plan.summary["tpu_ops"]),
@@ -104,7 +112,8 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
                      "device_kinds": sorted(getattr(compiler, "runs_on", ())),
                      "build_seconds": time.perf_counter() - t0,
                      "summary": result.plan.summary,
-                     "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops]}
+                     "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops],
+                     "rewrites": rewritten.lines()}
 
     # A cached entry that does not load or whose segments do not verify is
     # removed and built again; if the second answer is bad too (another
@@ -125,7 +134,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
 
 
 def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
-               rules_fingerprint=None) -> JitResult | None:
+               rules_fingerprint=None, rewrites=()) -> JitResult | None:
     """The newest cached compile of ``source`` for ``device_kind`` devices, or None.
 
     No compiler is needed: the entry is found by the source model's SHA-256
@@ -143,7 +152,7 @@ def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
     if not cache.enabled:
         return None
     digest, _ = _digest(source, cache)
-    options = _options(mode, rules_fingerprint)
+    options = _options(mode, rules_fingerprint, rewrites)
 
     def accept(meta: dict) -> bool:
         kinds = meta.get("device_kinds")
@@ -168,11 +177,13 @@ def _digest(source, cache: CompileCache) -> tuple[str, bytes | None]:
     return model_digest(source, cache.path / "sources" if cache.enabled else None)
 
 
-def _options(mode: str, rules_fingerprint) -> dict:
+def _options(mode: str, rules_fingerprint, rewrites=()) -> dict:
     """The partition options that key a compile (with the compiler's id and version)."""
     options = {"mode": mode, "rules": RULES_VERSION}
     if rules_fingerprint:
         options["plugin_ops"] = rules_fingerprint
+    if rewrites:
+        options["rewrites"] = cache_options(rewrites)
     return options
 
 
@@ -187,6 +198,9 @@ def _info(entry: Entry, hit: bool, start: float, key: str, mode: str,
         "segments": entry.meta.get("summary", {}).get("segments"),
         "summary": entry.meta.get("summary"),
         "placement": entry.meta.get("placement"),
+        "rewrites": [r for r in (entry.meta.get("rewrites") or [])
+                     if isinstance(r, str)] if isinstance(entry.meta.get("rewrites"), list)
+        else [],
         "cache_dir": str(cache.path) if cache.enabled else None,
     }
 

@@ -10,6 +10,8 @@ generic driver that partitions a model and calls a segment compiler is
 
 from __future__ import annotations
 
+from coralrt.compile.checks import OpView, layer_width
+from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
 from coralrt.formats import segment_codec
 from coralrt.formats.opnames import SEGMENT_OP
@@ -31,5 +33,22 @@ class NativeCompiler:
         return f"{coralrt_version()}+seg{segment_codec.FORMAT_VERSION}"
 
     def compile_segment(self, piece: Model) -> bytes:
+        too_wide = _too_wide(piece)
+        if too_wide:
+            raise SegmentNotMapped(too_wide, too_wide, total_ops=len(piece.main.operators))
         return segment_codec.encode(seg_format.build_segment(
             piece, compiler_id=self.id, compiler_version=self.version))
+
+
+def _too_wide(piece: Model) -> dict[int, str]:
+    """Layers wider than edgetpu_compiler fits on chip (compile/checks.py
+    ``layer_width``): the same limit as the support rules, kept here too so a
+    segment planned with other rules (a plugin's) cannot hold one either."""
+    sg = piece.main
+    reasons = {}
+    for i, op in enumerate(sg.operators):
+        if op.name in ("CONV_2D", "FULLY_CONNECTED"):
+            reason = layer_width(OpView(sg, op, i))
+            if reason:
+                reasons[i] = reason
+    return reasons

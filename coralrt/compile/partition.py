@@ -62,10 +62,14 @@ class PartitionPlan:
     ops: list[OpPlacement]
     segments: list[SegmentPlan]
     summary: dict = field(default_factory=dict)
+    # What the rewrite stage replaced before this plan was made (RewriteRecord
+    # dicts; operator indices above are those of the rewritten model).
+    rewrites: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"ops": [asdict(o) for o in self.ops],
-                "segments": [asdict(s) for s in self.segments], "summary": dict(self.summary)}
+                "segments": [asdict(s) for s in self.segments], "summary": dict(self.summary),
+                "rewrites": [dict(r) for r in self.rewrites]}
 
     @property
     def tpu_ops(self) -> list[int]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from coralrt.compile.checks import (
-    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_OP,
-    UNSUPPORTED_TYPE, UNSUPPORTED_VERSION, Check, OpView, concat_constants, constant_operands,
-    fc_default_weights, innermost_three, int8_only, lstm_types, mean_depth_multiple_of_4,
-    not_on_batch, pad_not_on_batch, prelu_alpha, requantize_only, resize_precision,
-    same_dilation, softmax_vector, static_shapes, unit_strides)
+    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_DETAILS,
+    UNSUPPORTED_OP, UNSUPPORTED_TYPE, UNSUPPORTED_VERSION, Check, OpView, concat_constants,
+    constant_operands,
+    fc_default_weights, innermost_three, int8_only, layer_width, lstm_types,
+    mean_depth_multiple_of_4, not_on_batch, pad_not_on_batch, prelu_alpha, requantize_only,
+    resize_precision, same_dilation, softmax_vector, static_shapes, unit_strides)
 from coralrt.model.types import ACTIVATIONS
 
 __all__ = [
@@ -35,8 +36,8 @@ __all__ = [
 ]
 
 # Bump when a rule changes what maps, so cached compilations are redone
-# (3: compat mode's rules, compile/compat.py).
-RULES_VERSION = 3
+# (3: compat mode's rules, compile/compat.py; 4: layer width limits).
+RULES_VERSION = 4
 
 
 # -- the table ----------------------------------------------------------------
@@ -84,7 +85,9 @@ class RuleRegistry:
         support = self._ops.get(view.name)
         if support is None:
             kind = "custom operator" if view.op.opcode.is_custom else "operator"
-            return f"{UNSUPPORTED_OP}: the Edge TPU has no {view.name} {kind}"
+            detail = UNSUPPORTED_DETAILS.get(view.name)
+            more = f"; {detail(view)}" if detail is not None else ""
+            return f"{UNSUPPORTED_OP}: the Edge TPU has no {view.name} {kind}{more}"
         if view.op.version > support.max_version:
             return (f"{UNSUPPORTED_VERSION}: {view.name} version {view.op.version} (the Edge "
                     f"TPU supports up to {support.max_version})")
@@ -131,10 +134,11 @@ def default_rules() -> RuleRegistry:
                  "L2_NORMALIZATION", "SQUEEZE", "EXPAND_DIMS", "RESHAPE",
                  "SPACE_TO_DEPTH", "TRANSPOSE"):
         r.add_op(name, simple(max_version=3))
-    r.add_op("CONV_2D", simple(5, (constant_operands(1, 2), same_dilation)))
+    r.add_op("CONV_2D", simple(5, (constant_operands(1, 2), same_dilation, layer_width)))
     r.add_op("DEPTHWISE_CONV_2D", simple(6, (constant_operands(1, 2), same_dilation)))
     r.add_op("TRANSPOSE_CONV", simple(3, (constant_operands(0, 1, 3),)))
-    r.add_op("FULLY_CONNECTED", simple(9, (constant_operands(1, 2), fc_default_weights)))
+    r.add_op("FULLY_CONNECTED", simple(9, (constant_operands(1, 2), fc_default_weights,
+                                           layer_width)))
     r.add_op("AVERAGE_POOL_2D", simple(3, activations=_NONE))
     r.add_op("MAX_POOL_2D", simple(3, activations=_NONE))
     r.add_op("CONCATENATION", simple(3, (concat_constants,), activations=_NONE))

@@ -24,7 +24,7 @@ from coralrt.model.types import (
     Tensor, tensor_type,
 )
 
-__all__ = ["ModelBuilder", "options_type_for"]
+__all__ = ["ModelBuilder", "make_operator", "options_type_for"]
 
 _OPTIONS_BY_KEY = {name.lower(): name for name in UNIONS["BuiltinOptions"].values()}
 # Operators whose options table is not named after the operator.
@@ -108,33 +108,41 @@ class ModelBuilder:
            custom_options: bytes | None = None, options_type: str | None = None,
            **options) -> int:
         """Add an operator (builtin name like ``"CONV_2D"`` or a custom code)."""
-        if name in BUILTIN_CODES and name != "CUSTOM":
-            code = OperatorCode(BUILTIN_CODES[name], None, version)
-            options_type = options_type or options_type_for(name)
-        else:
-            code = OperatorCode(CUSTOM, name, version)
-        if options and options_type is None:
-            raise ValueError(f"operator {name} takes no builtin options, got {sorted(options)}")
-        full = {}
-        if options_type is not None:
-            fields = {f[0]: f for f in TABLES[options_type]}
-            unknown = sorted(set(options) - set(fields))
-            if unknown:
-                raise ValueError(f"{options_type} has no option(s) {unknown}; known: "
-                                 f"{sorted(fields)}")
-            for key, (_, _, kind, default) in fields.items():
-                value = options.get(key, default)
-                if isinstance(value, str) and key in _ENUM_OPTIONS:
-                    value = _ENUM_OPTIONS[key][value]
-                if value is not None:
-                    full[key] = value
-        self._sg.operators.append(Operator(
-            opcode=code, inputs=list(inputs), outputs=list(outputs), options=full,
-            options_type=options_type,
-            custom_options=None if custom_options is None else bytes(custom_options),
-        ))
+        self._sg.operators.append(make_operator(
+            name, inputs, outputs, version=version, custom_options=custom_options,
+            options_type=options_type, **options))
         return len(self._sg.operators) - 1
 
     def build(self) -> Model:
         return Model(subgraphs=[self._sg], buffers=list(self._buffers),
                      description=self._description)
+
+
+def make_operator(name: str, inputs, outputs, *, version: int = 1,
+                  custom_options: bytes | None = None, options_type: str | None = None,
+                  **options) -> Operator:
+    """An operator (builtin name like ``"CONV_2D"`` or a custom code) with its options
+    checked against the schema and defaults filled in."""
+    if name in BUILTIN_CODES and name != "CUSTOM":
+        code = OperatorCode(BUILTIN_CODES[name], None, version)
+        options_type = options_type or options_type_for(name)
+    else:
+        code = OperatorCode(CUSTOM, name, version)
+    if options and options_type is None:
+        raise ValueError(f"operator {name} takes no builtin options, got {sorted(options)}")
+    full = {}
+    if options_type is not None:
+        fields = {f[0]: f for f in TABLES[options_type]}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise ValueError(f"{options_type} has no option(s) {unknown}; known: "
+                             f"{sorted(fields)}")
+        for key, (_, _, kind, default) in fields.items():
+            value = options.get(key, default)
+            if isinstance(value, str) and key in _ENUM_OPTIONS:
+                value = _ENUM_OPTIONS[key][value]
+            if value is not None:
+                full[key] = value
+    return Operator(opcode=code, inputs=list(inputs), outputs=list(outputs), options=full,
+                    options_type=options_type,
+                    custom_options=None if custom_options is None else bytes(custom_options))

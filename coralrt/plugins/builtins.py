@@ -1,4 +1,4 @@
-"""coralrt's own compiler, device and step runner, registered as a plugin.
+"""coralrt's own compiler, device, rewrites and step runner, registered as a plugin.
 
 Registered under the name ``coralrt.builtins``
 (:data:`coralrt.plugins.registry.BUILTIN`): any other plugin's compiler,
@@ -17,6 +17,15 @@ from coralrt.plugins.hookspecs import hookimpl
 # driver (about 100 ms), which the cpu target never uses.
 
 log = logging.getLogger("coralrt.plugins")
+
+
+@hookimpl
+def coralrt_register_rewrites(registry) -> None:
+    from coralrt.compile.rewrite.fc_conv import FC_AS_CONV
+    from coralrt.compile.rewrite.gelu import GELU_REWRITE
+    from coralrt.compile.rewrite.split import SPLIT_EMBEDDING, SPLIT_WIDE
+    for rewrite in (GELU_REWRITE, FC_AS_CONV, SPLIT_WIDE, SPLIT_EMBEDDING):
+        registry.add(rewrite)
 
 
 @hookimpl

@@ -149,6 +149,25 @@ def coralrt_register_devices(registry: DeviceRegistration) -> None:
     """
 
 
+@hookspec
+def coralrt_register_rewrites(registry) -> None:
+    """Provide graph rewrites for the rewrite stage (docs/rewrites.md).
+
+    :param registry: this plugin's view of the rewrite registry
+        (:class:`coralrt.plugins.rewrite_registry.RewriteRegistration`).  Call
+        ``registry.add(rewrite)`` with an object that has ``name`` (str),
+        ``version`` (int, part of the compile-cache key), ``exact`` (bool: the
+        same integer results, or an approximation), ``order`` (int: rewrites
+        run in ascending order; coralrt's own use 100-310), ``description``
+        (str) and ``apply(editor) -> list[RewriteRecord]`` (see
+        :mod:`coralrt.compile.rewrite.base`).  Sessions choose which run with
+        ``rewrites=`` (``"exact"``, ``"auto"``, ``"none"`` or names).  A
+        plugin's rewrite wins over coralrt's own of the same name; two other
+        plugins with one name raise ``ConfigError``.
+    :returns: nothing.
+    """
+
+
 # -- observers ---------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from coralrt.plugins.loader import (
     one_line, register,
 )
 from coralrt.plugins.registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.plugins.rewrite_registry import RewriteRegistry
 from coralrt.version import version as coralrt_version
 
 __all__ = ["PluginHost", "plugin_host", "ENTRY_POINT_GROUP", "REGISTRIES", "columns"]
@@ -54,6 +55,7 @@ REGISTRIES = {
     "coralrt_register_ops": ("ops", OpRegistry),
     "coralrt_register_compilers": ("compilers", CompilerRegistry),
     "coralrt_register_devices": ("devices", DeviceRegistry),
+    "coralrt_register_rewrites": ("rewrites", RewriteRegistry),
 }
 
 _default: PluginHost | None = None
@@ -82,12 +84,13 @@ class PluginHost:
     off, nothing is warned, and conflicts are recorded instead of raised.
 
     ``records`` lists every plugin seen (:class:`~coralrt.plugins.loader.PluginRecord`),
-    ``ops``, ``compilers`` and ``devices`` are the registries (:data:`REGISTRIES`).
+    ``ops``, ``compilers``, ``devices`` and ``rewrites`` are the registries (:data:`REGISTRIES`).
     """
 
     ops: OpRegistry
     compilers: CompilerRegistry
     devices: DeviceRegistry
+    rewrites: RewriteRegistry
 
     def __init__(self, extra=(), *, strict: bool | None = None, survey: bool = False):
         self.strict = config.plugins_strict() if strict is None else bool(strict)
