@@ -24,7 +24,7 @@ from coralrt.model.types import (
     Tensor, tensor_type,
 )
 
-__all__ = ["ModelBuilder", "make_operator", "options_type_for"]
+__all__ = ["ModelBuilder", "make_operator", "make_tensor", "options_type_for"]
 
 _OPTIONS_BY_KEY = {name.lower(): name for name in UNIONS["BuiltinOptions"].values()}
 # Operators whose options table is not named after the operator.
@@ -60,6 +60,24 @@ def _quant(scale, zero_point, axis: int) -> Quantization | None:
     return Quantization(scale=s, zero_point=zp, quantized_dimension=axis)
 
 
+def make_tensor(name: str, shape, dtype, *, scale=None, zero_point=None, axis: int = 0,
+                data: np.ndarray | None = None, shape_signature=None) -> Tensor:
+    """A tensor (a constant with its own read-only buffer when ``data`` is given);
+    ``scale``/``zero_point`` scalars or per-channel arrays along ``axis``."""
+    buf = None
+    if data is not None:
+        arr = np.asarray(data, dtype=np.dtype(dtype).newbyteorder("<"), order="C")
+        if tuple(arr.shape) != tuple(shape):
+            raise ValueError(f"data of shape {arr.shape} for tensor {name!r} of shape "
+                             f"{tuple(shape)}")
+        raw = np.frombuffer(arr.tobytes(), np.uint8)
+        raw.flags.writeable = False
+        buf = Buffer(raw)
+    return Tensor(name=name, shape=tuple(int(d) for d in shape), type=tensor_type(dtype),
+                  buffer=buf, quantization=_quant(scale, zero_point, axis),
+                  shape_signature=None if shape_signature is None else tuple(shape_signature))
+
+
 class ModelBuilder:
     """Accumulates tensors and operators of one subgraph and builds a Model."""
 
@@ -73,21 +91,11 @@ class ModelBuilder:
     def tensor(self, name: str, shape, dtype, *, scale=None, zero_point=None, axis: int = 0,
                data: np.ndarray | None = None, shape_signature=None) -> int:
         """Add a tensor and return its index.  ``data`` makes it a constant."""
-        buf = None
-        if data is not None:
-            arr = np.asarray(data, dtype=np.dtype(dtype).newbyteorder("<"), order="C")
-            if tuple(arr.shape) != tuple(shape):
-                raise ValueError(f"data of shape {arr.shape} for tensor {name!r} of shape "
-                                 f"{tuple(shape)}")
-            raw = np.frombuffer(arr.tobytes(), np.uint8)
-            raw.flags.writeable = False
-            buf = Buffer(raw)
-            self._buffers.append(buf)
-        self._sg.tensors.append(Tensor(
-            name=name, shape=tuple(int(d) for d in shape), type=tensor_type(dtype), buffer=buf,
-            quantization=_quant(scale, zero_point, axis),
-            shape_signature=None if shape_signature is None else tuple(shape_signature),
-        ))
+        t = make_tensor(name, shape, dtype, scale=scale, zero_point=zero_point, axis=axis,
+                        data=data, shape_signature=shape_signature)
+        if t.buffer is not None:
+            self._buffers.append(t.buffer)
+        self._sg.tensors.append(t)
         return len(self._sg.tensors) - 1
 
     def constant(self, name: str, data, dtype=None, **quant) -> int:

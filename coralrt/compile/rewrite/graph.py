@@ -26,8 +26,8 @@ import copy
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.model.builder import make_operator
-from coralrt.model.types import Model, Operator, Quantization, Subgraph, Tensor, tensor_type
+from coralrt.model.builder import make_operator, make_tensor
+from coralrt.model.types import Model, Operator, Subgraph, Tensor
 
 __all__ = ["GraphEditor"]
 
@@ -127,26 +127,8 @@ class GraphEditor:
                    axis: int = 0, data: np.ndarray | None = None) -> int:
         """A new tensor (a constant when ``data`` is given); returns its index.  Names
         are made unique.  ``scale``/``zero_point`` scalars or per-channel arrays."""
-        from coralrt.model.types import Buffer
-        buf = None
-        if data is not None:
-            arr = np.ascontiguousarray(np.asarray(data, np.dtype(dtype).newbyteorder("<")))
-            if tuple(arr.shape) != tuple(shape):
-                raise ValueError(f"data of shape {arr.shape} for tensor {name!r} of shape "
-                                 f"{tuple(shape)}")
-            raw = np.frombuffer(arr.tobytes(), np.uint8)
-            raw.flags.writeable = False
-            buf = Buffer(raw)
-        quant = None
-        if scale is not None:
-            s = np.atleast_1d(np.asarray(scale, np.float32))
-            zp = np.atleast_1d(np.asarray(0 if zero_point is None else zero_point, np.int64))
-            if zp.size == 1 and s.size > 1:
-                zp = np.repeat(zp, s.size)
-            quant = Quantization(scale=s, zero_point=zp, quantized_dimension=axis)
-        self.sg.tensors.append(Tensor(name=self.unique_name(name),
-                                      shape=tuple(int(d) for d in shape),
-                                      type=tensor_type(dtype), buffer=buf, quantization=quant))
+        self.sg.tensors.append(make_tensor(self.unique_name(name), shape, dtype, scale=scale,
+                                           zero_point=zero_point, axis=axis, data=data))
         return len(self.sg.tensors) - 1
 
     def add_constant(self, name: str, data, dtype=None, **quant) -> int:
