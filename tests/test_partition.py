@@ -254,3 +254,16 @@ def test_partition_cli_text(capsys):
     assert "Number of operations that will run on Edge TPU: 70" in out
     assert "Number of Edge TPU subgraphs: 2" in out
     assert "ARG_MAX" in out and R.UNSUPPORTED_OP in out
+
+
+def test_an_axis_operand_of_any_shape_is_read_flat():
+    """LiteRT reads a reduction's axis operand as a flat list whatever its shape (a
+    fuzzed BERT's MEAN got a 2-D one); the rules read it the same way."""
+    b = ModelBuilder()
+    x = b.input("x", (1, 4, 4, 8), np.int8, scale=0.1, zero_point=0)
+    axes = b.constant("axes", np.array([[1, 2]], np.int32))
+    y = b.tensor("y", (1, 1, 1, 8), np.int8, scale=0.1, zero_point=0)
+    b.op("MEAN", [x, axes], [y], version=2, keep_dims=True)
+    b.output(y)
+    plan = partition(b.build(), "multi")
+    assert plan.ops[0].target == "tpu", plan.ops[0].reason

@@ -330,3 +330,35 @@ def test_partition_command_rewrites(tmp_path, capsys):
     assert data["rewrites"][0]["exact"] is True
     assert main(["partition", path, "--rewrites", "fc_as_cnv"]) != 0
     assert "unknown rewrite(s) 'fc_as_cnv'" in capsys.readouterr().err
+
+
+def test_a_failing_rewrite_is_skipped_with_a_warning(caplog):
+    class Broken:
+        name, version, exact, order = "broken", 1, True, 400
+        description = "adds a tensor, queues a replacement, then fails"
+
+        def apply(self, editor):
+            t = editor.like(editor.ops[0].outputs[0], "half_made")
+            op = editor.ops[1]
+            editor.replace([1], [editor.make_op("RELU", [op.inputs[0]], [t]),
+                                 editor.make_op("RELU", [t], [op.outputs[0]])])
+            raise RuntimeError("out of ideas")
+
+    class Plugin:
+        @coralrt.hookimpl
+        def coralrt_register_rewrites(self, registry):
+            registry.add(Broken())
+            registry.add(AbsAsMaximum())
+
+    model = load_model(abs_model())
+    result = run_rewrites(model, [Broken(), AbsAsMaximum()])
+    assert result.failed == {"broken": "RuntimeError: out of ideas"}
+    assert result.applied == ["abs_as_maximum"]
+    assert "half_made" not in {t.name for t in result.model.main.tensors}
+    with caplog.at_level("WARNING", logger="coralrt.compile"):
+        sess = InferenceSession(abs_model(), "sim", plugins=[Plugin()])
+    assert "rewrite broken failed on this model and was skipped" in caplog.text
+    assert len(sess.compile_info["rewrites"]) == 1
+    x = _x()
+    want = InferenceSession(abs_model(), "cpu").run(x)
+    assert all(np.array_equal(sess.run(x)[k], want[k]) for k in want)

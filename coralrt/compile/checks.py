@@ -185,7 +185,8 @@ def _axes(v: OpView, k: int, rank: int) -> list[int] | None:
     data = v.const(k)
     if data is None:
         return None
-    return [int(a) % rank for a in np.atleast_1d(data)]
+    # LiteRT reads an axis operand of any shape as a flat list of axes.
+    return [int(a) % rank for a in np.asarray(data).reshape(-1)]
 
 
 def not_on_batch(axis_input: int | None = None, option: str | None = None) -> Check:

@@ -13,8 +13,9 @@ A rewrite is an object with
   310 ``split_embedding``);
 * ``description`` (str): one line for ``coralrt plugins`` and the docs;
 * ``apply(editor: GraphEditor) -> list[RewriteRecord]``: edits the model
-  through ``editor`` (:mod:`coralrt.compile.rewrite.graph`) and says what it
-  replaced.  It must leave a valid TFLite model (LiteRT runs it) and never
+  through ``editor`` (:mod:`coralrt.compile.rewrite.graph`: new tensors and
+  ``replace``, never changing an existing tensor or operator in place) and
+  says what it replaced.  It must leave a valid TFLite model (LiteRT runs it) and never
   touch the caller's model: the editor works on a copy.
 
 Built-in rewrites are registered through the ``coralrt_register_rewrites``
@@ -25,6 +26,7 @@ May import (layer 5): numpy, coralrt.errors, coralrt.model.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,6 +34,8 @@ from coralrt.errors import ConfigError
 
 __all__ = ["Rewrite", "RewriteRecord", "RewriteResult", "SPECS", "select_rewrites",
            "run_rewrites", "cache_options"]
+
+log = logging.getLogger("coralrt.compile")
 
 #: The named selections ``rewrites=`` takes besides a list of names.
 SPECS = ("exact", "auto", "none")
@@ -91,6 +95,7 @@ class RewriteResult:
     records: list[RewriteRecord] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)   # names of the rewrites that ran
     origin: list[int | None] = field(default_factory=list)  # per operator: original index
+    failed: dict[str, str] = field(default_factory=dict)    # rewrite name -> its error
 
     def lines(self) -> list[str]:
         return [r.line() for r in self.records]
@@ -129,21 +134,31 @@ def cache_options(rewrites) -> list[list]:
 
 def run_rewrites(model, rewrites, *, rules=None) -> RewriteResult:
     """Apply ``rewrites`` in order to a copy of ``model``; the model itself is never
-    changed.  ``rules`` (a RuleRegistry) is what passes consult about what maps."""
+    changed.  ``rules`` (a RuleRegistry) is what passes consult about what maps.
+
+    A rewrite that raises is skipped with a warning, the model as the rewrites
+    before it left it: a rewrite exists to map more operators, and its failure
+    must not stop a model that runs without it (``failed`` says which)."""
     from coralrt.compile.rewrite.graph import GraphEditor
     if not rewrites:
         return RewriteResult(model, [], [], list(range(len(model.main.operators))))
     editor = GraphEditor(model, rules=rules)
-    records: list[RewriteRecord] = []
-    applied = []
+    result = RewriteResult(editor.model)
     for rewrite in rewrites:
         editor.current = rewrite
         try:
             found = list(rewrite.apply(editor) or ())
+            editor.commit()
+        except Exception as e:  # noqa: BLE001 - reported, and the model stays usable
+            editor.discard()
+            result.failed[rewrite.name] = f"{type(e).__name__}: {e}"
+            log.warning("rewrite %s failed on this model and was skipped (%s: %s)",
+                        rewrite.name, type(e).__name__, e)
+            continue
         finally:
             editor.current = None
-        editor.commit()
         if found:
-            applied.append(rewrite.name)
-            records.extend(found)
-    return RewriteResult(editor.model, records, applied, list(editor.origin))
+            result.applied.append(rewrite.name)
+            result.records.extend(found)
+    result.model, result.origin = editor.model, list(editor.origin)
+    return result

@@ -58,6 +58,7 @@ class GraphEditor:
         self.origin: list[int | None] = list(range(len(ops)))
         self._queue: list[tuple[list[int], list[Operator]]] = []
         self._names: set[str] = {t.name for t in main.tensors}
+        self._mark = len(main.tensors)      # tensors before this are committed
 
     # -- looking --------------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class GraphEditor:
         """Apply the queued replacements, keep the operators in a valid order and drop
         tensors (and buffers) nothing uses."""
         if not self._queue:
+            self.discard()              # tensors made for nothing
             return
         removed = {i for indices, _ in self._queue for i in indices}
         at_last = {indices[-1]: (indices, new) for indices, new in self._queue}
@@ -194,6 +196,13 @@ class GraphEditor:
         self.sg.operators = [ops[i] for i in order]
         self.origin = [origin[i] for i in order]
         self._prune()
+        self._mark = len(self.sg.tensors)
+
+    def discard(self) -> None:
+        """Forget the queued replacements and the tensors made since the last commit
+        (a rewrite that failed half-way leaves the model as it found it)."""
+        self._queue = []
+        del self.sg.tensors[self._mark:]
 
     def _prune(self) -> None:
         sg = self.sg
