@@ -349,7 +349,8 @@ def test_fc_as_conv_then_split_wide():
     result, data = _rewrite(model, FC_AS_CONV, SPLIT_WIDE)
     assert _names(result.model) == ["RESHAPE", "CONV_2D", "CONV_2D", "CONCATENATION",
                                     "RESHAPE"]
-    assert [r.before for r in result.records] == [("FULLY_CONNECTED 0",), ("CONV_2D (new)",)]
+    assert [r.before for r in result.records] == [("FULLY_CONNECTED 0",),
+                                                   ("CONV_2D (from FULLY_CONNECTED 0)",)]
     assert _diff(model.to_bytes(), data, "optimized", _inputs(model, count=2)).max() == 0
     assert all(o.target == "tpu" for o in _placements(result.model).values())
     check(result.model, _inputs(model)[0])

@@ -364,7 +364,7 @@ def test_records_one_per_gelu():
         assert r.after == EMITTED
         assert "[approximation]" in r.line()
     assert result.applied == ["gelu"]
-    assert result.origin == [None] * 10 + [1] + [None] * 10 + [3] + [None] * 10
+    assert result.origin == [0] * 10 + [1] + [2] * 10 + [3] + [4] * 10
     codes = every_code(np.int8)
     run_litert(result.model.to_bytes(), [codes])
 

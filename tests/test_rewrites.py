@@ -125,7 +125,7 @@ def test_run_rewrites_leaves_the_model_given_alone():
     assert [op.name for op in result.model.main.operators] == ["ADD", "MUL", "MAXIMUM", "ADD"]
     assert result.lines() == ["ABS 1 -> MUL, MAXIMUM (rewrite abs_as_maximum)"]
     assert result.applied == ["abs_as_maximum"]
-    assert result.origin == [0, None, None, 2]
+    assert result.origin == [0, 1, 1, 2]
     # The same answers in LiteRT, bit for bit.
     from conftest import run_litert
     x = _x()
@@ -362,3 +362,15 @@ def test_a_failing_rewrite_is_skipped_with_a_warning(caplog):
     x = _x()
     want = InferenceSession(abs_model(), "cpu").run(x)
     assert all(np.array_equal(sess.run(x)[k], want[k]) for k in want)
+
+
+def test_partition_picture_lists_the_rewrites(tmp_path, capsys):
+    from coralrt.cli.main import main
+    path = _fc_matrix_model(tmp_path / "fc.tflite")
+    page = tmp_path / "plan.html"
+    assert main(["partition", path, "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "<h2>Rewrites</h2>" in text
+    assert "FULLY_CONNECTED 0 -&gt; RESHAPE, CONV_2D, RESHAPE (rewrite fc_as_conv)" in text
+    assert main(["partition", path, "--rewrites", "none", "--html", str(page)]) == 0
+    assert "<h2>Rewrites</h2>" not in page.read_text()

@@ -480,6 +480,12 @@ def render_html(model: Model, plan: PartitionPlan, name: str, *,
         h.append('<p class="note">None: every operator runs on the CPU.</p>')
     if plan.segments:
         h.append(f'<p class="note">{_x(_estimate_note(plan, estimates))}</p>')
+    if plan.rewrites:
+        h.append("<h2>Rewrites</h2>")
+        h.append('<p class="note">Applied before partitioning (docs/rewrites.md); the '
+                 "operator numbers on this page are those of the rewritten model.</p>")
+        h.append("<ul>" + "".join(f"<li>{_x(r['line'])}</li>" for r in plan.rewrites) +
+                 "</ul>")
     h.append("<h2>Operator graph</h2>")
     h.append('<p class="note">Top to bottom, from the model inputs. Each box is one operator '
              "(index, type, and where it runs: S<i>n</i> for Edge TPU segment <i>n</i>). "

@@ -54,8 +54,9 @@ class Rewrite(Protocol):
 @dataclass(frozen=True)
 class RewriteRecord:
     """One replacement: ``before`` names the operators replaced (``"FULLY_CONNECTED
-    12"``: name and index in the model as the user gave it, or ``"new"`` for an
-    operator an earlier rewrite made), ``after`` the operators put in their place."""
+    12"``: name and index in the model as the user gave it; ``"CONV_2D (from
+    FULLY_CONNECTED 12)"`` for one an earlier rewrite made), ``after`` the
+    operators put in their place."""
 
     rewrite: str
     before: tuple[str, ...]
@@ -94,7 +95,9 @@ class RewriteResult:
     model: object                               # the rewritten coralrt.model.Model
     records: list[RewriteRecord] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)   # names of the rewrites that ran
-    origin: list[int | None] = field(default_factory=list)  # per operator: original index
+    # per operator: the index, in the model as given, of the operator it is or was
+    # made from (None: made from a replaced group of several)
+    origin: list[int | None] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)    # rewrite name -> its error
 
     def lines(self) -> list[str]:

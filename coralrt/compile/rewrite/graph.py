@@ -53,9 +53,12 @@ class GraphEditor:
         self.model.source = None            # the bytes no longer describe it
         self.rules = rules
         self.current = None                 # the rewrite running (set by the runner)
-        #: per operator of the current model: its index in the model as given
-        #: (None for operators a rewrite made)
+        #: per operator of the current model: the index, in the model as given, of
+        #: the operator it is or replaces (None: made for a replaced group)
         self.origin: list[int | None] = list(range(len(ops)))
+        #: per operator: True if a rewrite made it
+        self.made: list[bool] = [False] * len(ops)
+        self._given = [op.name for op in ops]
         self._queue: list[tuple[list[int], list[Operator]]] = []
         self._names: set[str] = {t.name for t in main.tensors}
         self._mark = len(main.tensors)      # tensors before this are committed
@@ -110,9 +113,12 @@ class GraphEditor:
 
     def label(self, i: int) -> str:
         """How a record names operator ``i``: ``"FULLY_CONNECTED 12"`` (its index in the
-        model as given) or ``"FULLY_CONNECTED (new)"``."""
-        k = self.origin[i]
-        return f"{self.ops[i].name} {k}" if k is not None else f"{self.ops[i].name} (new)"
+        model as given), ``"CONV_2D (from FULLY_CONNECTED 12)"`` for one an earlier
+        rewrite made, or ``"ADD (new)"``."""
+        k, name = self.origin[i], self.ops[i].name
+        if k is None:
+            return f"{name} (new)"
+        return f"{name} (from {self._given[k]} {k})" if self.made[i] else f"{name} {k}"
 
     # -- making ---------------------------------------------------------------------
 
@@ -181,20 +187,24 @@ class GraphEditor:
             return
         removed = {i for indices, _ in self._queue for i in indices}
         at_last = {indices[-1]: (indices, new) for indices, new in self._queue}
-        ops, origin = [], []
+        ops, origin, made = [], [], []
         for i, op in enumerate(self.ops):
             if i in at_last:
                 indices, new = at_last[i]
                 ops.extend(new)
-                k = self.origin[indices[-1]]
-                origin.extend([k] * len(new) if len(new) == 1 else [None] * len(new))
+                # New operators come from the one replaced, or from a group.
+                ks = {self.origin[j] for j in indices}
+                origin.extend([ks.pop() if len(ks) == 1 else None] * len(new))
+                made.extend([True] * len(new))
             elif i not in removed:
                 ops.append(op)
                 origin.append(self.origin[i])
+                made.append(self.made[i])
         self._queue = []
         order = _topological(self.sg, ops)
         self.sg.operators = [ops[i] for i in order]
         self.origin = [origin[i] for i in order]
+        self.made = [made[i] for i in order]
         self._prune()
         self._mark = len(self.sg.tensors)
 
