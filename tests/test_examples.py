@@ -128,6 +128,17 @@ def check_two_sticks(argv, out):
         assert all(s["requests"] == requests for s in stats["stages"]), stats
 
 
+def check_gp_pagerank(argv, out):
+    nodes, iterations = int(option(argv, "--nodes", 400)), int(option(argv, "--iterations", 30))
+    assert re.search(rf"^PageRank of a random graph: {nodes} nodes, \d+ links", out, re.M), out
+    assert re.search(rf"^{iterations} iterations in [\d.]+ s \(\d+ tile jobs", out, re.M), out
+    top = int(option(argv, "--top", 10))
+    assert len(re.findall(r"^ +\d+ +\d+  \d\.\d{6} +\d\.\d{6}$", out, re.M)) == top, out
+    rel = float(re.search(r"^relative L1: ([\d.]+)%$", out, re.M).group(1))
+    assert rel < 10, out                   # 8-bit tiles: a few percent, not more
+    assert re.search(rf"^top-{top} ranking agrees with numpy: (yes|no) ", out, re.M), out
+
+
 CHECKS = {
     "classify_image.py": check_classify,
     "tiny_detector.py": check_tiny_detector,
@@ -135,6 +146,7 @@ CHECKS = {
     "camera_loop.py": check_camera_loop,
     "two_models_one_stick.py": check_two_models,
     "one_model_two_sticks.py": check_two_sticks,
+    "gp_pagerank.py": check_gp_pagerank,
 }
 
 

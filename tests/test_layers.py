@@ -51,7 +51,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.plugins",),                                      # 11
     ("coralrt.targets",),                                      # 12
     ("coralrt.session",),                                      # 13
-    ("coralrt.vision",),                                       # 14: images in, classes/boxes/masks out
+    ("coralrt.vision", "coralrt.gp"),                          # 14: images in, classes/boxes/masks
+                                                               #     out; arrays in and out (gp)
     ("coralrt.selftest",),                                     # 14b: `coralrt selftest`'s checks
     ("coralrt",),                                              # 15: the facade
     ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 16: tflite: tflite_runtime's API;

@@ -11,7 +11,7 @@ is free first.  This is the placement rule the GPTPU runtime describes
 interpreter lock released (the USB driver and the simulated stick both do), so
 several sticks overlap.
 
-May import (layer 8): the standard library.
+May import (layer 14): the standard library.
 """
 
 from __future__ import annotations
