@@ -14,10 +14,10 @@ constant operand of its tile models), the damping ``ctx.mul`` and ``ctx.add``; t
 host then divides r by its sum, as 8-bit rounding would otherwise let the total
 rank drift.  numpy runs the same iterations in float64.
 
-The int8 scales of r and of the results are part of each tile model and change from
-one iteration to the next, so every iteration builds new tile models (18 here):
-cheap on ``sim``, but on a real stick (``--target coral``) each one is a run of
-edgetpu_compiler or a compile service call, which makes this example slow there.
+The int8 scales of r and of the results are part of each tile model; coralrt.gp rounds
+them to a coarse grid so that iterations whose ranges are close share models, but the
+first iterations still build new ones: cheap on ``sim``, while on a real stick
+(``--target coral``) each one is a run of edgetpu_compiler or a compile service call.
 """
 
 import argparse

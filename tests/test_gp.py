@@ -189,3 +189,21 @@ def test_scaling_rules_order_on_zero_mean_gemm():
     assert errs["sample"] < errs["bound"] < errs["study"], errs
     with pytest.raises(ConfigError, match="scaling"):
         gp.Context("sim", scaling="magic")
+
+
+def test_nearby_ranges_share_tile_models():
+    """Steps are rounded up to the grid 2^(k/8): an operand whose range moved by a
+    few percent reuses the tile models (no new model, so no new compile), while
+    one twice as wide gets its own."""
+    rng = np.random.default_rng(5)
+    a, b = rng.uniform(0, 1, (20, 60)), rng.uniform(0, 1, (60, 10))
+    assert scaling.snap(1.0) == 1.0 and scaling.snap(1.01) == pytest.approx(2 ** 0.125)
+    with gp.Context("sim") as ctx:
+        ref = ctx.matmul(a, b)
+        models = len(ctx._models)
+        near = ctx.matmul(a * 1.01, b)
+        assert len(ctx._models) == models
+        assert _errors(near, 1.01 * (a @ b))[0] < 0.005
+        ctx.matmul(a * 2.0, b)
+        assert len(ctx._models) > models
+    assert _errors(ref, a @ b)[0] < 0.005
