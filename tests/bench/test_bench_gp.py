@@ -27,10 +27,9 @@ import time
 import numpy as np
 import pytest
 
+from support.sim import timing_sticks
+
 from coralrt import gp
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.usb import open_device
 
 pytestmark = pytest.mark.bench
 
@@ -44,12 +43,6 @@ _RESULTS: dict = {}
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-
-
-def timing_sticks(n: int):
-    backend = SimulatedBackend(n_devices=n, firmware_loaded=True, latency=LatencyModel(),
-                               timing_only=True, lock_scope="process")
-    return [open_device(f"usb:{i}", backend=backend) for i in range(n)]
 
 
 def _numpy_seconds(fn, rounds: int = 21) -> tuple[float, float]:
@@ -140,18 +133,16 @@ def _jobs_and_device(ctx, before):
     return jobs, device
 
 
-@pytest.mark.parametrize("n_sticks", STICKS)
-@pytest.mark.benchmark(group="coralrt.gp 512x512 matmul on 1, 2, 4 sticks (timing-only sim)")
-def test_gp_matmul(benchmark, record_value, n_sticks, capsys):
+def _measure(benchmark, record_value, capsys, case: str, n_sticks: int, work) -> None:
+    """Time ``work(ctx)`` on ``n_sticks`` timing-only sticks, after one untimed call
+    that builds, compiles and opens the tile models' sessions."""
     sticks = timing_sticks(n_sticks)
-    a, b = _matmul_data()
     try:
         with gp.Context(target="sim", devices=sticks) as ctx:
-            ctx.matmul(a, b)                       # builds, compiles, opens the sessions
+            work(ctx)
             s = ctx.stats()
             before = (sum(s["jobs"]), s["device_seconds"])
-            benchmark.pedantic(lambda: ctx.matmul(a, b), rounds=10, iterations=1,
-                               warmup_rounds=1)
+            benchmark.pedantic(lambda: work(ctx), rounds=10, iterations=1, warmup_rounds=1)
             runs = 11 if getattr(benchmark, "stats", None) is not None else 1
             jobs, device = _jobs_and_device(ctx, before)
     finally:
@@ -160,29 +151,20 @@ def test_gp_matmul(benchmark, record_value, n_sticks, capsys):
     stats = getattr(benchmark, "stats", None)
     if stats is None:
         return
-    _report("matmul", n_sticks, stats.stats.median, jobs // runs, device / runs,
+    _report(case, n_sticks, stats.stats.median, jobs // runs, device / runs,
             record_value, capsys)
+
+
+@pytest.mark.parametrize("n_sticks", STICKS)
+@pytest.mark.benchmark(group="coralrt.gp 512x512 matmul on 1, 2, 4 sticks (timing-only sim)")
+def test_gp_matmul(benchmark, record_value, n_sticks, capsys):
+    a, b = _matmul_data()
+    _measure(benchmark, record_value, capsys, "matmul", n_sticks, lambda ctx: ctx.matmul(a, b))
 
 
 @pytest.mark.parametrize("n_sticks", STICKS)
 @pytest.mark.benchmark(group="coralrt.gp burst of 16 element-wise tasks (timing-only sim)")
 def test_gp_burst(benchmark, record_value, n_sticks, capsys):
-    sticks = timing_sticks(n_sticks)
     data = _BURST_DATA
-    try:
-        with gp.Context(target="sim", devices=sticks) as ctx:
-            _burst(ctx, data)                      # builds, compiles, opens the sessions
-            s = ctx.stats()
-            before = (sum(s["jobs"]), s["device_seconds"])
-            benchmark.pedantic(lambda: _burst(ctx, data), rounds=10, iterations=1,
-                               warmup_rounds=1)
-            runs = 11 if getattr(benchmark, "stats", None) is not None else 1
-            jobs, device = _jobs_and_device(ctx, before)
-    finally:
-        for d in sticks:
-            d.close()
-    stats = getattr(benchmark, "stats", None)
-    if stats is None:
-        return
-    _report("burst", n_sticks, stats.stats.median, jobs // runs, device / runs,
-            record_value, capsys)
+    _measure(benchmark, record_value, capsys, "burst", n_sticks,
+             lambda ctx: _burst(ctx, data))

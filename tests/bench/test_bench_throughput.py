@@ -29,12 +29,10 @@ import numpy as np
 import pytest
 
 from coralrt import InferenceSession
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.usb import open_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import shared_model  # noqa: E402
+from support.sim import timing_sticks  # noqa: E402
 
 pytestmark = pytest.mark.bench
 
@@ -48,12 +46,6 @@ _RESULTS: dict = {}
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
-
-
-def timing_sticks(n: int):
-    backend = SimulatedBackend(n_devices=n, firmware_loaded=True, latency=LatencyModel(),
-                               timing_only=True, lock_scope="process")
-    return [open_device(f"usb:{i}", backend=backend) for i in range(n)]
 
 
 def camera_frames(k: int = 4) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
-"""Simulated sticks for tests that exercise the USB driver's DWN1 path.
+"""Simulated sticks for tests: timing-only sticks for throughput benchmarks
+(:func:`timing_sticks`), and sticks for tests that exercise the USB driver's DWN1 path.
 
 The simulated Edge TPU refuses edgetpu_compiler programs: it cannot execute
 Google's instructions.  Tests of the driver's DWN1 handling (framing, DMA
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import pytest
 
+from coralrt.sim.latency import LatencyModel
 from coralrt.sim.stick import SimulatedBackend
+from coralrt.usb import open_device
 
-__all__ = ["dwn1_backend", "accept_dwn1", "isolated_dirs", "program", "DWN1_MODEL"]
+__all__ = ["dwn1_backend", "accept_dwn1", "isolated_dirs", "program", "DWN1_MODEL",
+           "timing_sticks"]
 
 #: A compiled model whose DWN1 program the driver tests send to simulated sticks.
 DWN1_MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
@@ -52,3 +56,11 @@ def dwn1_backend(**kwargs) -> SimulatedBackend:
     kwargs.setdefault("firmware_loaded", True)
     kwargs.setdefault("transcript_limit", None)
     return accept_dwn1(SimulatedBackend(**kwargs))
+
+
+def timing_sticks(n: int) -> list:
+    """``n`` opened timing-only simulated sticks on one bus (a benchmark switch: each
+    segment run waits the latency model's estimate and answers zeros)."""
+    backend = SimulatedBackend(n_devices=n, firmware_loaded=True, latency=LatencyModel(),
+                               timing_only=True, lock_scope="process")
+    return [open_device(f"usb:{i}", backend=backend) for i in range(n)]
