@@ -374,3 +374,23 @@ def test_partition_picture_lists_the_rewrites(tmp_path, capsys):
     assert "FULLY_CONNECTED 0 -&gt; RESHAPE, CONV_2D, RESHAPE (rewrite fc_as_conv)" in text
     assert main(["partition", path, "--rewrites", "none", "--html", str(page)]) == 0
     assert "<h2>Rewrites</h2>" not in page.read_text()
+
+
+def test_compile_command_rewrites(tmp_path, capsys):
+    import json
+
+    from coralrt.cli.main import main
+    path = _fc_matrix_model(tmp_path / "fc.tflite")
+    out = tmp_path / "fc_coralrt.tflite"
+    assert main(["compile", path, "-o", str(out), "--json"]) == 0     # exact by default
+    data = json.loads(capsys.readouterr().out)
+    assert [r["rewrite"] for r in data["rewrites"]] == ["fc_as_conv"]
+    assert data["summary"]["tpu_ops"] == 3
+    x = np.random.default_rng(0).integers(-128, 128, (1, 16, 64)).astype(np.int8)
+    sess = InferenceSession(str(out), "sim")              # the compiled, rewritten model
+    want = InferenceSession(path, "cpu").run(x)
+    assert all(np.array_equal(sess.run(x)[k], want[k]) for k in want)
+    assert main(["compile", path, "-o", str(out), "--force", "--json", "--rewrites",
+                 "none"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rewrites"] == [] and data["summary"]["tpu_ops"] == 0

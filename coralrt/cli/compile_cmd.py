@@ -23,6 +23,7 @@ from pathlib import Path
 
 from coralrt.cli._progress import Progress
 from coralrt.cli._text import dumps
+from coralrt.cli.partition_cmd import rewritten
 from coralrt.compile.driver import compile_log, compile_model
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.compile.partition import MODES, mib
@@ -77,6 +78,10 @@ def add_parser(sub, parents) -> None:
                         "pipeline segments) and write <name>_edgetpu.tflite, the segments "
                         "joined into one model that a session pipelines over a list of "
                         "sticks; 1 compiles the whole model without -n")
+    p.add_argument("--rewrites", metavar="SPEC", default=None,
+                   help="graph rewrites before partitioning, as for `coralrt partition`: "
+                        "exact (default in multi mode), auto, none (default in compat "
+                        "mode) or comma-separated names (docs/rewrites.md)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (files written, summary, every operator's "
@@ -104,6 +109,9 @@ def command(args) -> int:
         raise ConfigError("--num-segments takes one model: edgetpu_compiler does not allow "
                           "-n/--num_segments when several models are co-compiled")
     if whole:
+        if args.rewrites not in (None, "none"):
+            raise ConfigError("--rewrites does not apply: edgetpu_compiler compiles whole "
+                              "models as they are (co-compilation, --num-segments)")
         if args.mode not in (None, "compat"):
             raise ConfigError(f"--mode {args.mode} does not apply: edgetpu_compiler partitions "
                               f"whole models itself, as --mode compat")
@@ -116,8 +124,11 @@ def _one(args, src: Path, mode: str) -> int:
     out = Path(args.output) if args.output else Path.cwd() / f"{src.stem}{suffix}.tflite"
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} exists; pass --force to overwrite it")
-    model = load_model(src)
+    source = model = load_model(src)
     refuse_compiled(model, str(src))
+    model, records = rewritten(model, mode, args.rewrites)
+    for record in records:
+        log.info("%s", record.line())
     log.info("compiling %s (%d operators, mode %s)", src, len(model.main.operators), mode)
     compiler = None
     if args.compiler == "edgetpu_compiler":
@@ -133,13 +144,14 @@ def _one(args, src: Path, mode: str) -> int:
     data = result.to_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, data)
-    text = compile_log(result, input_name=str(src), input_size=len(model.source or b""),
+    result.plan.rewrites = [r.to_dict() for r in records]
+    text = compile_log(result, input_name=str(src), input_size=len(source.source or b""),
                        output_name=str(out), output_size=len(data))
     log_path = out.with_suffix(".log")
     atomic_write(log_path, text)
     if args.json:
         print(dumps({"input": str(src), "output": str(out), "log": str(log_path),
-                     "input_bytes": len(model.source or b""), "output_bytes": len(data),
+                     "input_bytes": len(source.source or b""), "output_bytes": len(data),
                      "compiler": args.compiler, **result.plan.to_dict()}))
         return 0
     summary, _, _ = text.partition("\nOperator ")
