@@ -234,7 +234,7 @@ def test_get_backend_default_and_unknown():
     assert isinstance(backends.get_backend(), LiteRTBackend)
     assert backends.get_backend() is backends.get_backend("litert")
     assert "litert" in backends.available_backends()
-    assert backends.backend_names() == ["litert", "tflite_runtime"]
+    assert backends.backend_names() == ["litert", "tflite_runtime", "numpy"]
     with pytest.raises(ConfigError) as info:
         backends.get_backend("nope")
     assert isinstance(info.value, ValueError)

@@ -100,6 +100,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     assert "coralrt-compat.pth" in names and "_coralrt_compat.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "coralrt = coralrt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    _check_platform_markers(wheel, names)
 
     t = time.perf_counter()
     venv = tmp_path / "venv"
@@ -130,6 +131,43 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     _check_compat_hook(py, outside, env)
     times["CORALRT_COMPAT checks"] = time.perf_counter() - t
     print("wheel test times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+
+
+# The native wheels coralrt depends on only where they exist (pyproject.toml names the
+# wheel tags): elsewhere the system's libusb and the 'numpy' CPU backend stand in.
+_PLATFORM_MARKERS = {
+    "ai-edge-litert": (
+        "(sys_platform == 'linux' and (platform_machine == 'x86_64' "
+        "or platform_machine == 'aarch64')) "
+        "or (sys_platform == 'darwin' and platform_machine == 'arm64') "
+        "or (sys_platform == 'win32' and platform_machine == 'AMD64')"),
+    "libusb-package": (
+        "(sys_platform == 'linux' and (platform_machine == 'x86_64' "
+        "or platform_machine == 'aarch64')) "
+        "or (sys_platform == 'darwin' and (platform_machine == 'x86_64' "
+        "or platform_machine == 'arm64')) "
+        "or (sys_platform == 'win32' and (platform_machine == 'AMD64' "
+        "or platform_machine == 'x86'))"),
+}
+
+
+def _check_platform_markers(wheel: Path, names: list[str]) -> None:
+    """The wheel's METADATA has a Requires-Dist line with exactly these markers for each
+    native dependency, and no other dependency is conditional (extras aside)."""
+    from email.parser import HeaderParser
+
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    headers = HeaderParser().parsestr(zipfile.ZipFile(wheel).read(metadata).decode())
+    reqs = [Requirement(line) for line in headers.get_all("Requires-Dist") or []]
+    base = {r.name: r for r in reqs if r.marker is None or "extra" not in str(r.marker)}
+    for name, marker in _PLATFORM_MARKERS.items():
+        assert name in base, f"no Requires-Dist for {name}: {sorted(base)}"
+        assert str(base[name].marker) == str(Marker(marker)), (name, str(base[name].marker))
+    conditional = sorted(n for n, r in base.items() if r.marker is not None)
+    assert conditional == sorted(_PLATFORM_MARKERS), conditional
 
 
 _SPAWN = """\

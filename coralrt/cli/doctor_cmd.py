@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import platform
 import stat
 import sys
 from pathlib import Path
@@ -44,6 +45,22 @@ __all__ = ["Check", "STATUSES", "RULE_LINES", "RULES_DIRS", "add_parser", "comma
 
 # -- 1. libusb ---------------------------------------------------------------------------
 
+#: (sys.platform, platform.machine()) pairs that libusb-package publishes wheels for; the
+#: same set as the environment marker of its dependency in pyproject.toml.  Elsewhere
+#: coralrt.usb uses the system's libusb-1.0 through pyusb.
+LIBUSB_PACKAGE_WHEEL_PLATFORMS = frozenset({
+    ("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "x86_64"), ("darwin", "arm64"),
+    ("win32", "AMD64"), ("win32", "x86"),
+})
+
+
+def libusb_package_has_wheels(sys_platform: str | None = None,
+                              machine: str | None = None) -> bool:
+    """Whether ``pip install libusb-package`` can find a wheel for this platform."""
+    return ((sys_platform or sys.platform), (machine or platform.machine())) \
+        in LIBUSB_PACKAGE_WHEEL_PLATFORMS
+
+
 def load_libusb():
     """(pyusb backend, description) as coralrt.usb finds it; DeviceError when there is none."""
     import importlib.metadata as md
@@ -57,6 +74,8 @@ def load_libusb():
         reason = "libusb-package has no library for this platform"
     except ImportError:
         reason = "libusb-package is not installed"
+        if not libusb_package_has_wheels():
+            reason += f": it has no wheel for {platform.system()} {platform.machine()}"
     except Exception as e:  # noqa: BLE001 - reported, then pyusb's own search is tried
         reason = f"libusb-package failed: {e}"
     import usb
@@ -74,10 +93,10 @@ def check_libusb(load=load_libusb) -> tuple[Check, object]:
     try:
         backend, found = load()
     except (CoralRTError, OSError, ImportError) as e:
-        return Check("libusb", "fail", str(e),
-                     "pip install --force-reinstall libusb-package   (its wheel bundles "
-                     "libusb-1.0)\nor install the system library: sudo apt install "
-                     "libusb-1.0-0"), None
+        system = "install the system library: sudo apt install libusb-1.0-0"
+        fix = (f"pip install --force-reinstall libusb-package   (its wheel bundles "
+               f"libusb-1.0)\nor {system}" if libusb_package_has_wheels() else system)
+        return Check("libusb", "fail", str(e), fix), None
     return Check("libusb", "ok", found), backend
 
 

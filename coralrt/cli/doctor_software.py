@@ -7,6 +7,7 @@ in :mod:`coralrt.cli.doctor_cmd`; these look only at what is installed.
 from __future__ import annotations
 
 import platform
+import sys
 
 from coralrt.cli.doctor_check import Check
 from coralrt.errors import CoralRTError
@@ -16,12 +17,19 @@ __all__ = ["check_cpu_backends", "check_edgetpu_compiler", "check_python"]
 _LITERT_FIX = "pip install ai-edge-litert"
 
 
-def check_cpu_backends(report=None) -> list[Check]:
+def check_cpu_backends(report=None, *, has_litert_wheels: bool | None = None) -> list[Check]:
     """One check per CPU backend coralrt knows: which are installed and usable,
-    and why the others are not.  A backend that is not usable is ``info`` when
-    another one is, and ``fail`` when none is."""
+    why the others are not, and which one sessions use by default (the first
+    usable one).  A backend that is not usable is ``info`` when another one is,
+    and ``fail`` when none is; when sessions fall back on ``numpy`` although
+    ai-edge-litert has wheels for this platform (``has_litert_wheels``, by
+    default this machine's answer), the ``litert`` row is ``warn``: it would be
+    faster."""
+    from coralrt.backends import litert_has_wheels
     if report is None:
         from coralrt.backends import backend_report as report
+    if has_litert_wheels is None:
+        has_litert_wheels = litert_has_wheels()
     rows = report()
     first = next((r["name"] for r in rows if r["usable"]), None)
     checks = []
@@ -29,12 +37,30 @@ def check_cpu_backends(report=None) -> list[Check]:
         name = f"CPU backend {r['name']}"
         if r["usable"]:
             tag = " (used by default)" if r["name"] == first else ""
+            if r["name"] == "numpy":
+                tag = (" (used by default: coralrt's NumPy kernels, slower than LiteRT)"
+                       if first == "numpy" else
+                       " (coralrt's NumPy kernels: the fallback when no LiteRT interpreter is "
+                       "usable)")
             checks.append(Check(name, "ok", f"{r['name']} {r['version']}{tag}"))
-        elif first is not None:
-            checks.append(Check(name, "info", f"not usable: {r['reason']}"))
-        else:
+        elif first is None:
             checks.append(Check(name, "fail", f"not usable: {r['reason']}", _LITERT_FIX))
+        elif r["name"] == "litert" and not has_litert_wheels:
+            why = (f"ai-edge-litert has no wheels for {_platform_name()}, so it is not "
+                   f"installed" if "is not installed" in r["reason"] else
+                   f"{r['reason']} (ai-edge-litert has no wheels for {_platform_name()})")
+            checks.append(Check(name, "info", f"not usable: {why}; sessions use {first!r} "
+                                f"(docs/backends.md)"))
+        elif r["name"] == "litert" and first == "numpy":
+            checks.append(Check(name, "warn", f"not usable: {r['reason']}; sessions fall "
+                                f"back on the slower 'numpy' backend", _LITERT_FIX))
+        else:
+            checks.append(Check(name, "info", f"not usable: {r['reason']}"))
     return checks
+
+
+def _platform_name() -> str:
+    return f"{platform.system() or sys.platform} {platform.machine() or 'unknown'}"
 
 
 def check_edgetpu_compiler(find=None, version=None,

@@ -1,0 +1,288 @@
+"""The NumPy CPU backend: whole ``.tflite`` models on coralrt's own NumPy kernels.
+
+For machines where no LiteRT wheel exists (32-bit Raspberry Pi OS, Pi Zero,
+riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
+
+* 8-bit operators run on the simulated Edge TPU's integer kernels
+  (:mod:`coralrt.sim.kernels`, driven by :class:`coralrt.sim.runner.SegmentRunner`),
+  which reproduce TFLite's reference kernels (``BUILTIN_REF``) bit for bit.
+* Operators with a float32 (or float16) input or output run on the float
+  kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
+  RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX), and the SSD
+  post-processing operator on :mod:`coralrt.backends.numpy_detect`.  Float
+  outputs match ``BUILTIN_REF`` within ``rtol=1e-5, atol=1e-6`` (most are
+  bit-exact; see those modules), integer outputs exactly.
+
+``kernels="reference"`` and ``"optimized"`` run the same kernels.
+``num_threads`` is accepted and ignored: the integer kernels take their thread
+count from ``CORALRT_SIM_THREADS`` (default 1).  Only subgraph 0 runs; models
+whose subgraph 0 calls others (control flow) are refused, as is any operator
+without a kernel (:class:`~coralrt.errors.UnsupportedOperatorError` at load).
+The Edge TPU's on-chip memory limit does not apply: the model is described to
+the runner without a memory plan.  Input shapes are static.
+"""
+
+from __future__ import annotations
+
+import logging
+from time import perf_counter as _clock
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    ConfigError, CoralRTError, InferenceError, InputError, ModelError, UnsupportedOperatorError,
+)
+from ..formats.segment import Segment, SegmentOp, SegmentTensor
+from ..model import load_model
+from ..model.shapes import inferred_shapes
+from ..model.types import CUSTOM, numpy_dtype, packed_size
+from ..sim.kernels import kernel_for
+from ..sim.runner import SegmentRunner
+from ..version import version as coralrt_version
+from .base import KERNEL_SETS, CpuBackend, CpuProgram
+from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
+from .numpy_kernels import ANY_TYPE_KERNELS, FLOAT_KERNELS, is_float
+
+__all__ = ["NumpyBackend", "NumpyProgram"]
+
+log = logging.getLogger("coralrt.backends")
+
+_CONTROL_FLOW = ("WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEHLO_CASE",
+                 "STABLEHLO_COMPOSITE")
+_EDGETPU_OP = "edgetpu-custom-op"
+_OUTPUT_TAKES_INPUT_TYPE = ("ADD", "SUB")
+_OTHER_KERNELS = {**ANY_TYPE_KERNELS, DETECTION_POSTPROCESS: detection_postprocess}
+
+
+# -- the model as the runner sees it -------------------------------------------------------
+
+
+def _quantization(t):
+    q = t.quantization
+    if q is None or q.scale.size == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.int64), 0
+    scales = np.ascontiguousarray(q.scale, np.float32).reshape(-1)
+    zps = np.ascontiguousarray(q.zero_point, np.int64).reshape(-1)
+    if zps.size == 0:
+        zps = np.zeros(scales.size, np.int64)
+    if zps.size != scales.size:
+        raise ModelError(f"tensor {t.name!r} has {scales.size} scales but {zps.size} zero "
+                         f"points")
+    return scales, zps, int(q.quantized_dimension) if scales.size > 1 else 0
+
+
+def _plain(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def describe(model) -> Segment:
+    """Subgraph 0 of ``model`` as a :class:`Segment` for the runner, with no memory plan.
+
+    Unlike :func:`coralrt.formats.segment.build_segment` nothing is laid out on
+    chip, so activations of any size are accepted; constants are views of the
+    model's buffers.  Output shapes a file leaves to the kernel (the SSD
+    post-process) are filled in.
+    """
+    sg = model.main
+    ins, outs = list(sg.inputs), list(sg.outputs)
+    shapes = inferred_shapes(sg)
+    tensors = []
+    for i, t in enumerate(sg.tensors):
+        shape = tuple(int(d) for d in shapes.get(i, t.shape))
+        kind = ("input" if i in ins else "output" if i in outs
+                else "parameter" if t.is_constant else "activation")
+        scales, zps, qdim = _quantization(t)
+        st = SegmentTensor(i, t.name, shape, t.type, kind, scales, zps, qdim, 0,
+                           packed_size(t.type, shape) or 0,
+                           kind == "activation" and t.is_variable)
+        if t.is_constant:
+            if t.extra.get("sparsity"):
+                raise ModelError(f"tensor {i} ({t.name!r}) is a sparse constant; the numpy "
+                                 f"backend takes dense constants only")
+            data = t.data
+            if data is None:                      # sub-byte types stay packed
+                data = np.asarray(t.buffer.data, np.uint8)
+            elif data.size != int(np.prod(shape, dtype=np.int64)):
+                raise ModelError(f"tensor {i} ({t.name!r}): constant holds {data.size} "
+                                 f"values, its shape {shape} needs more or fewer")
+            st.data = data
+        tensors.append(st)
+    _retype_outputs(sg, tensors)
+    ops = []
+    for op in sg.operators:
+        opts = op.custom_options
+        ops.append(SegmentOp(
+            op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
+            {k: _plain(v) for k, v in op.options.items()}, tuple(op.intermediates),
+            (op.opcode.custom_code or "") if op.opcode.is_custom else "",
+            b"" if opts is None else bytes(opts)))
+    return Segment(tensors, ops, tuple(ins), tuple(outs), np.zeros(0, np.uint8), None,
+                   sg.name, "coralrt-numpy", coralrt_version())
+
+
+def _retype_outputs(sg, tensors) -> None:
+    """LiteRT's ADD and SUB give their output the type of their inputs when the
+    interpreter prepares them, whatever the file says; do the same for the tensors
+    between operators (converters have written such intermediates as FLOAT32)."""
+    for op in sg.operators:
+        if op.name not in _OUTPUT_TAKES_INPUT_TYPE or len(op.inputs) != 2 or min(op.inputs) < 0:
+            continue
+        a, b = (tensors[k] for k in op.inputs)
+        for k in op.outputs:
+            if a.dtype == b.dtype != tensors[k].dtype and tensors[k].kind == "activation":
+                tensors[k].dtype = a.dtype
+                tensors[k].nbytes = packed_size(a.dtype, tensors[k].shape) or 0
+
+
+# -- which kernel runs an operator ---------------------------------------------------------
+
+
+def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
+    """The kernel factory for ``op`` (``tensors``: its inputs and outputs), or raise
+    UnsupportedOperatorError (naming ``where``)."""
+    name = op.name
+
+    def refuse(detail: str):
+        raise UnsupportedOperatorError(name, where=where, detail=detail)
+
+    if name in _CONTROL_FLOW:
+        refuse("the numpy backend runs subgraph 0 only, without control flow")
+    if op.opcode == CUSTOM and name == _EDGETPU_OP:
+        refuse("the model is compiled for the Edge TPU; the numpy backend runs the "
+               "uncompiled model")
+    if name in _OTHER_KERNELS:
+        return _OTHER_KERNELS[name]
+    if any(is_float(t) for t in tensors):
+        factory = FLOAT_KERNELS.get(name)
+        if factory is None:
+            refuse(f"the numpy backend has no float kernel for it (float kernels: "
+                   f"{', '.join(sorted(FLOAT_KERNELS))})")
+        return factory
+    factory = None if op.opcode == CUSTOM else kernel_for(name)
+    if factory is None:
+        refuse("the numpy backend has no kernel for it")
+    return factory
+
+
+def _dispatch(ctx):
+    return pick_kernel(ctx.op, [*ctx.inputs, *ctx.outputs])(ctx)
+
+
+# -- the program -------------------------------------------------------------------------
+
+
+def _details(t, index: int, signature) -> dict[str, Any]:
+    scales = np.asarray(t.scales, np.float32)
+    zps = np.asarray(t.zero_points, np.int32)
+    shape = np.array(t.shape, np.int32)
+    sig = np.array(signature if signature is not None else t.shape, np.int32)
+    simple = (float(scales[0]), int(zps[0])) if scales.size == 1 else (0.0, 0)
+    return {"name": t.name, "index": index, "shape": shape, "shape_signature": sig,
+            "dtype": numpy_dtype(t.dtype).type, "quantization": simple,
+            "quantization_parameters": {"scales": scales, "zero_points": zps,
+                                        "quantized_dimension": int(t.quantized_dimension),
+                                        "block_size": 0},
+            "sparsity_parameters": {}}
+
+
+class NumpyProgram(CpuProgram):
+    """A model loaded into the NumPy backend: one :class:`SegmentRunner`."""
+
+    def __init__(self, runner: SegmentRunner, model, label: str = "cpu: whole model (numpy)"):
+        super().__init__(label)
+        self._runner = runner
+        seg, sg = runner.segment, model.main
+        self.operators = len(seg.ops)
+        self.input_details = [_details(seg.tensors[i], i, sg.tensors[i].shape_signature)
+                              for i in seg.inputs]
+        self.output_details = [_details(seg.tensors[i], i, sg.tensors[i].shape_signature)
+                               for i in seg.outputs]
+        self._expect = [(tuple(int(d) for d in det["shape"]), np.dtype(det["dtype"]))
+                        for det in self.input_details]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if len(inputs) != len(self._expect):
+            raise InputError(f"the model has {len(self._expect)} input(s), got "
+                             f"{len(inputs)} array(s)")
+        arrays = []
+        for det, (shape, dtype), value in zip(self.input_details, self._expect, inputs):
+            a = np.asarray(value)
+            if a.dtype != dtype or a.shape != shape:
+                raise InputError(f"input {det['name']!r} must be {dtype} of shape {shape}, "
+                                 f"got {a.dtype} of shape {a.shape}")
+            arrays.append(a)
+        start = _clock()
+        with self.lock:
+            try:
+                results = self._runner.run(arrays)
+            except CoralRTError:
+                raise
+            except (ValueError, ArithmeticError, IndexError, TypeError) as e:
+                raise InferenceError(f"the numpy backend failed while running the model: "
+                                     f"{type(e).__name__}: {e}") from e
+            outputs = [np.array(r, copy=True) for r in results]
+            self.last_seconds = _clock() - start
+        return outputs
+
+    def resize_inputs(self, shapes: list[tuple[int, ...]]) -> None:
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        if shapes == [shape for shape, _ in self._expect]:
+            return
+        raise InputError(f"the numpy backend runs models with static input shapes "
+                         f"{[s for s, _ in self._expect]}; it cannot resize to {shapes}")
+
+    def reset(self) -> None:
+        """Reset the state variables (LSTM) to their initial values."""
+        with self.lock:
+            self._runner.reset()
+
+    def __repr__(self) -> str:
+        return (f"<NumpyProgram inputs={len(self.input_details)} "
+                f"outputs={len(self.output_details)}>")
+
+
+class NumpyBackend(CpuBackend):
+    """coralrt's NumPy kernels as a CPU backend (no native interpreter needed)."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self.version = f"{coralrt_version()} (numpy {np.__version__})"
+
+    def load(
+        self,
+        model_bytes: bytes,
+        *,
+        num_threads: int | None = None,
+        kernels: str = "optimized",
+    ) -> CpuProgram:
+        if kernels not in KERNEL_SETS:
+            raise ConfigError(f"unknown kernels {kernels!r}; choose one of "
+                              f"{', '.join(KERNEL_SETS)}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        if not isinstance(model_bytes, (bytes, bytearray, memoryview)):
+            model_bytes = bytes(model_bytes)
+        if not len(model_bytes):
+            raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
+        model = load_model(bytes(model_bytes))
+        segment = describe(model)
+        for i, op in enumerate(segment.ops):
+            pick_kernel(op, [segment.tensors[k] for k in (*op.inputs, *op.outputs) if k >= 0],
+                        where=f"operator {i}")
+        if not segment.ops:
+            raise ModelError("the numpy backend needs a model with at least one operator")
+        runner = SegmentRunner(segment, extra={op.name: _dispatch for op in segment.ops})
+        program = NumpyProgram(runner, model)
+        log.debug("numpy backend loaded %d-byte model: %d operators, %d inputs, %d outputs "
+                  "(kernels=%s and num_threads=%s make no difference)", len(model_bytes),
+                  len(segment.ops), len(program.input_details), len(program.output_details),
+                  kernels, num_threads)
+        return program

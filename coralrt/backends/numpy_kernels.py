@@ -1,0 +1,249 @@
+"""Float32 kernels of the NumPy CPU backend, for the operators around quantized graphs.
+
+Each kernel is a factory in the form of the simulated Edge TPU's kernels
+(:mod:`coralrt.sim.kernels`): it takes an :class:`~coralrt.sim.kernels.OpContext`
+once, when the model is loaded, and returns ``run(inputs) -> outputs``.
+:mod:`coralrt.backends.numpy_backend` hands them to the simulator's
+``SegmentRunner`` as ``extra`` kernels; they run on the host CPU, in NumPy.
+
+What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
+
+* QUANTIZE float32 -> uint8/int8: ``round(x / scale) + zero_point`` with the
+  division in float32 and ties rounded away from zero, clamped: bit-exact.
+* DEQUANTIZE 8-bit -> float32: ``float(double(scale) * (q - zero_point))``:
+  bit-exact; float16 -> float32 is a widening: bit-exact.
+* RESHAPE/SQUEEZE/EXPAND_DIMS, CONCATENATION: data movement: bit-exact.
+* ADD, SUB, MUL (float32, broadcasting, fused activation): one float32
+  operation per element: bit-exact.
+* LOGISTIC: the reference's cut-offs (``x > 16.619...`` -> 1, ``x < -9`` ->
+  ``exp(x)``) around ``1 / (1 + exp(-x))`` in float32, ``exp`` rounded from
+  double precision as the C library's ``expf``; SOFTMAX: ``exp((x - max) *
+  beta) / sum``.  Measured bit-exact on the tests' inputs, but ``exp`` and the
+  order of the sum may differ from LiteRT's in the last bit: the tests assert
+  ``rtol=1e-5, atol=1e-6``.
+* ARG_MAX/ARG_MIN (any input type): the first extreme index, bit-exact.
+
+The SSD post-processing operator is in :mod:`coralrt.backends.numpy_detect`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coralrt.errors import ModelError
+from coralrt.model.types import numpy_dtype
+from coralrt.sim.kernels import OpContext
+
+__all__ = ["FLOAT_KERNELS", "ANY_TYPE_KERNELS", "is_float"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+
+# TFLite's fused activations (ActivationFunctionType) as float bounds.
+_ACTIVATION_BOUNDS = {0: None, 1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
+
+
+def is_float(t) -> bool:
+    """Whether a segment tensor holds float32 or float16 values."""
+    return t is not None and numpy_dtype(t.dtype) in _FLOATS
+
+
+def _refuse(ctx: OpContext, detail: str):
+    raise ModelError(detail, where=f"{ctx.op.name} operator")
+
+
+def _require_float32(ctx: OpContext, *tensors) -> None:
+    for t in tensors:
+        if ctx.dtype(t) != np.dtype(np.float32):
+            _refuse(ctx, f"tensor {t.name!r} is {t.type_name}; this kernel takes FLOAT32 "
+                         f"(mixed float and 8-bit operands are not a TFLite operator)")
+
+
+def _activation(ctx: OpContext):
+    code = int(ctx.params.get("fused_activation_function", 0) or 0)
+    if code not in _ACTIVATION_BOUNDS:
+        _refuse(ctx, f"fused activation {code} is not supported for float32")
+    bounds = _ACTIVATION_BOUNDS[code]
+    if bounds is None:
+        return lambda x: x
+    lo, hi = (np.float32(b) if b is not None else None for b in bounds)
+    return lambda x: np.clip(x, lo, hi, out=x)
+
+
+# -- QUANTIZE / DEQUANTIZE --------------------------------------------------------------------
+
+
+def _channel_shape(ctx: OpContext, t, values: np.ndarray) -> np.ndarray:
+    """Per-channel quantization values shaped to broadcast along the quantized dimension."""
+    if values.size <= 1:
+        return values.reshape(())
+    shape = [1] * len(t.shape)
+    shape[t.quantized_dimension] = values.size
+    return values.reshape(shape)
+
+
+def quantize(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    _require_float32(ctx, x)
+    dtype = ctx.dtype(out)
+    if dtype not in _EIGHT_BIT or not len(out.scales):
+        _refuse(ctx, f"float32 input quantized to {out.type_name}: only uint8 and int8 "
+                     f"outputs are supported")
+    scales, zps = ctx.quant(out)
+    if np.any(scales == 0):
+        _refuse(ctx, f"output {out.name!r} has scale 0")
+    scale = _channel_shape(ctx, out, scales.astype(np.float32))
+    zp = _channel_shape(ctx, out, zps.astype(np.float64))
+    info = np.iinfo(dtype)
+    # round() of a value beyond int32 is undefined in C; clamping first keeps numpy's
+    # result in range without changing any representable answer.
+    limit = np.float64(2.0**31)
+
+    def run(inputs):
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            q = np.asarray(inputs[0], np.float32) / scale          # float32 division
+            q = q.astype(np.float64)
+            r = np.trunc(q + np.copysign(0.5, q))                  # ties away from zero
+            r = np.clip(np.nan_to_num(r, nan=0.0), -limit, limit) + zp
+        return [np.clip(r, info.min, info.max).astype(dtype)]
+    return run
+
+
+def dequantize(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    _require_float32(ctx, out)
+    dtype = ctx.dtype(x)
+    if dtype == np.dtype(np.float16):
+        return lambda inputs: [np.asarray(inputs[0]).astype(np.float32)]
+    if dtype not in (*_EIGHT_BIT, np.dtype(np.int16)) or not len(x.scales):
+        _refuse(ctx, f"dequantizing {x.type_name} is not supported (uint8, int8, int16 "
+                     f"and float16 are)")
+    scales, zps = ctx.quant(x)
+    scale = _channel_shape(ctx, x, scales.astype(np.float64))
+    zp = _channel_shape(ctx, x, zps.astype(np.int64))
+
+    def run(inputs):
+        q = np.asarray(inputs[0]).astype(np.int64) - zp
+        return [(scale * q).astype(np.float32)]
+    return run
+
+
+# -- data movement ------------------------------------------------------------------------
+
+
+def reshape(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    shape = tuple(out.shape)
+    if int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
+        _refuse(ctx, f"cannot reshape {tuple(x.shape)} to {shape}")
+    dtype = ctx.dtype(out)
+    return lambda inputs: [np.asarray(inputs[0]).reshape(shape).astype(dtype, copy=False)]
+
+
+def concatenation(ctx: OpContext):
+    ins = [t for t in ctx.inputs if t is not None]
+    _require_float32(ctx, *ins, ctx.outputs[0])
+    rank = len(ctx.outputs[0].shape)
+    axis = int(ctx.params.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < max(rank, 1):
+        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
+    act = _activation(ctx)
+    shape = tuple(ctx.outputs[0].shape)
+
+    def run(inputs):
+        parts = [np.asarray(v, np.float32) for v in inputs if v is not None]
+        return [act(np.concatenate(parts, axis=axis).reshape(shape))]
+    return run
+
+
+# -- arithmetic ---------------------------------------------------------------------------
+
+
+def _binary(fn):
+    def factory(ctx: OpContext):
+        a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+        _require_float32(ctx, a, b, out)
+        act = _activation(ctx)
+        shape = tuple(out.shape)
+        try:
+            np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+        except ValueError:
+            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+
+        def run(inputs):
+            with np.errstate(over="ignore", invalid="ignore"):
+                r = fn(np.asarray(inputs[0], np.float32), np.asarray(inputs[1], np.float32))
+            return [act(np.array(r, np.float32).reshape(shape))]
+        return run
+    return factory
+
+
+def _expf(x: np.ndarray) -> np.ndarray:
+    """float32 ``exp`` rounded from double precision, as a correctly rounded ``expf``
+    gives it (NumPy's own float32 ``exp`` may be one unit in the last place off)."""
+    return np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def logistic(ctx: OpContext):
+    _require_float32(ctx, ctx.inputs[0], ctx.outputs[0])
+    upper, lower, one = np.float32(16.619047164916992188), np.float32(-9.0), np.float32(1.0)
+
+    def run(inputs):
+        x = np.asarray(inputs[0], np.float32)
+        with np.errstate(over="ignore", under="ignore"):
+            mid = one / (one + _expf(-x))
+            r = np.where(x > upper, one, np.where(x < lower, _expf(x), mid))
+        return [r.astype(np.float32)]
+    return run
+
+
+def softmax(ctx: OpContext):
+    _require_float32(ctx, ctx.inputs[0], ctx.outputs[0])
+    beta = np.float32(ctx.params.get("beta", 1.0))
+    shape = tuple(ctx.outputs[0].shape)
+
+    def run(inputs):
+        x = np.asarray(inputs[0], np.float32)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            e = np.exp((x - x.max(axis=-1, keepdims=True)) * beta)
+            r = e / e.sum(axis=-1, keepdims=True, dtype=np.float32)
+        return [r.astype(np.float32).reshape(shape)]
+    return run
+
+
+def arg_extreme(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    axis_values = ctx.const(1)
+    if axis_values is None or np.asarray(axis_values).size != 1:
+        _refuse(ctx, "the axis (input 1) must be a constant holding one value")
+    rank = len(x.shape)
+    axis = int(np.asarray(axis_values).reshape(-1)[0])
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
+    dtype = ctx.dtype(out)
+    if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        _refuse(ctx, f"output type {out.type_name} is not INT32 or INT64")
+    fn = np.argmax if ctx.op.name == "ARG_MAX" else np.argmin
+    shape = tuple(out.shape)
+    return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
+
+
+#: Kernels for operators whose tensors are float: picked over the 8-bit kernels of the
+#: simulated Edge TPU when any input or output of the operator is float32 or float16.
+FLOAT_KERNELS = {
+    "QUANTIZE": quantize,
+    "DEQUANTIZE": dequantize,
+    "RESHAPE": reshape, "SQUEEZE": reshape, "EXPAND_DIMS": reshape,
+    "CONCATENATION": concatenation,
+    "ADD": _binary(np.add), "SUB": _binary(np.subtract), "MUL": _binary(np.multiply),
+    "LOGISTIC": logistic,
+    "SOFTMAX": softmax,
+}
+
+#: Kernels for operators the simulated Edge TPU has none of, whatever their types.
+ANY_TYPE_KERNELS = {
+    "DEQUANTIZE": dequantize,
+    "ARG_MAX": arg_extreme, "ARG_MIN": arg_extreme,
+}

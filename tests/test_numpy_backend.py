@@ -1,0 +1,281 @@
+"""The NumPy CPU backend against LiteRT's reference kernels (``BUILTIN_REF``).
+
+Integer outputs must be bit-exact; float outputs agree within
+``rtol=1e-5, atol=1e-6`` (FLOAT_TOL).  Every shared model runs through both;
+a model is skipped, with the reason, only when LiteRT cannot run it or the
+NumPy backend refuses one of its operators.  The float kernels are checked one
+by one on small built models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flatbuffers import flexbuffers
+
+from conftest import random_inputs, run_litert, shared_model, shared_model_names
+
+from coralrt.backends.numpy_backend import NumpyBackend
+from coralrt.errors import (
+    ConfigError, InputError, SegmentTooLargeError, UnsupportedOperatorError,
+)
+from coralrt.formats.segment import build_segment
+from coralrt.model import load_model
+from coralrt.model.builder import ModelBuilder
+
+FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}
+SSD_HEAD = "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"
+
+pytest.importorskip("ai_edge_litert")
+
+
+def _compare(ours: list, ref: list) -> None:
+    assert len(ours) == len(ref)
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        assert a.dtype == b.dtype and a.shape == b.shape, (k, a.dtype, a.shape, b.dtype, b.shape)
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, err_msg=f"output {k}", **FLOAT_TOL)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=f"output {k}")
+
+
+def _both(data: bytes, inputs: list) -> tuple[list, list]:
+    ours = NumpyBackend().load(data).run(inputs)
+    return ours, run_litert(data, inputs, kernels="reference")
+
+
+def _inputs(data: bytes, seed: int = 0) -> list:
+    sg = load_model(data).main
+    return random_inputs([sg.tensors[i] for i in sg.inputs], seed=seed)
+
+
+# -- every shared model ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", shared_model_names())
+def test_shared_model_matches_litert_reference(name):
+    data = shared_model(name).read_bytes()
+    inputs = _inputs(data)
+    try:
+        ref = run_litert(data, inputs, kernels="reference")
+    except (ValueError, RuntimeError) as e:
+        pytest.skip(f"LiteRT cannot run {name}: {' '.join(str(e).split())[:160]}")
+    try:
+        program = NumpyBackend().load(data)
+    except UnsupportedOperatorError as e:
+        pytest.skip(f"the numpy backend refuses {name}: {e}")
+    ours = program.run(inputs)
+    _compare(ours, ref)
+    assert [tuple(d["shape"]) for d in program.output_details] == [r.shape for r in ref]
+
+
+def test_details_match_litert():
+    from conftest import litert
+    data = shared_model("mobilenet_v1_0.25_128_quant.tflite").read_bytes()
+    program, interp = NumpyBackend().load(data), litert(data)
+    for ours, ref in ((program.input_details, interp.get_input_details()),
+                      (program.output_details, interp.get_output_details())):
+        for a, b in zip(ours, ref):
+            assert set(a) == set(b)
+            for key in ("name", "index", "dtype", "quantization"):
+                assert a[key] == b[key], key
+            for key in ("shape", "shape_signature"):
+                np.testing.assert_array_equal(a[key], b[key])
+            for key in ("scales", "zero_points"):
+                np.testing.assert_array_equal(a["quantization_parameters"][key],
+                                              b["quantization_parameters"][key])
+
+
+def test_ssd_head_has_postprocess_and_detects():
+    data = shared_model(SSD_HEAD).read_bytes()
+    assert "TFLite_Detection_PostProcess" in [op.name for op in load_model(data).main.operators]
+    for seed in range(3):
+        inputs = _inputs(data, seed)
+        ours, ref = _both(data, inputs)
+        _compare(ours, ref)
+        assert ours[3][0] == ref[3][0] > 0
+
+
+# -- float kernels, one by one -------------------------------------------------------------
+
+
+def _unary(op, x_spec, y_spec, **options):
+    b = ModelBuilder()
+    x = b.input("x", *x_spec[:2], **x_spec[2])
+    y = b.tensor("y", *y_spec[:2], **y_spec[2])
+    b.op(op, [x], [y], **options)
+    b.output(y)
+    return b.build().to_bytes()
+
+
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 128), (np.int8, -3)])
+def test_quantize_rounds_ties_away_from_zero(dtype, zp):
+    scale = 0.25      # x / scale is exact: every k + 0.5 is a tie
+    data = _unary("QUANTIZE", ((1, 64), np.float32, {}),
+                  ((1, 64), dtype, {"scale": scale, "zero_point": zp}))
+    k = np.arange(-32, 32, dtype=np.float32)
+    x = ((k + 0.5) * scale).reshape(1, 64).astype(np.float32)
+    ours, ref = _both(data, [x])
+    _compare(ours, ref)
+    # Ties away from zero: 0.5 -> 1, -0.5 -> -1 (not to even).
+    assert ours[0][0, 32] == zp + 1 and ours[0][0, 31] == zp - 1
+
+
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 100), (np.int8, 5)])
+def test_quantize_random_and_clamped(dtype, zp):
+    data = _unary("QUANTIZE", ((4, 50), np.float32, {}),
+                  ((4, 50), dtype, {"scale": 0.0173, "zero_point": zp}))
+    x = (np.random.default_rng(1).standard_normal((4, 50)) * 3).astype(np.float32)
+    _compare(*_both(data, [x]))
+
+
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 131), (np.int8, -7)])
+def test_dequantize(dtype, zp):
+    data = _unary("DEQUANTIZE", ((2, 128), dtype, {"scale": 0.0371, "zero_point": zp}),
+                  ((2, 128), np.float32, {}))
+    x = np.arange(256).astype(np.int64).reshape(2, 128)
+    x = (x if dtype == np.uint8 else x - 128).astype(dtype)
+    ours, ref = _both(data, [x])
+    np.testing.assert_array_equal(ours[0], ref[0])     # bit-exact
+
+
+def test_logistic_float():
+    data = _unary("LOGISTIC", ((1, 400), np.float32, {}), ((1, 400), np.float32, {}))
+    x = np.linspace(-20, 20, 400, dtype=np.float32).reshape(1, 400)
+    _compare(*_both(data, [x]))
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.37])
+def test_softmax_float(beta):
+    data = _unary("SOFTMAX", ((3, 17), np.float32, {}), ((3, 17), np.float32, {}), beta=beta)
+    x = (np.random.default_rng(2).standard_normal((3, 17)) * 4).astype(np.float32)
+    _compare(*_both(data, [x]))
+
+
+def test_reshape_and_concatenation_float():
+    b = ModelBuilder()
+    x = b.input("x", (2, 6), np.float32)
+    z = b.input("z", (3, 2, 1), np.float32)
+    shape = b.constant("shape", np.array([3, 2, 2], np.int32))
+    y = b.tensor("y", (3, 2, 2), np.float32)
+    c = b.tensor("c", (3, 2, 3), np.float32)
+    b.op("RESHAPE", [x, shape], [y], new_shape=[3, 2, 2])
+    b.op("CONCATENATION", [y, z], [c], axis=-1)
+    b.output(c)
+    data = b.build().to_bytes()
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((2, 6)).astype(np.float32),
+              rng.standard_normal((3, 2, 1)).astype(np.float32)]
+    ours, ref = _both(data, inputs)
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
+@pytest.mark.parametrize("activation", ["NONE", "RELU", "RELU6", "RELU_N1_TO_1"])
+def test_binary_float_broadcast(op, activation):
+    b = ModelBuilder()
+    x = b.input("x", (2, 3, 4), np.float32)
+    w = b.constant("w", np.linspace(-2, 3, 4, dtype=np.float32))
+    y = b.tensor("y", (2, 3, 4), np.float32)
+    b.op(op, [x, w], [y], fused_activation_function=activation)
+    b.output(y)
+    x = (np.random.default_rng(4).standard_normal((2, 3, 4)) * 5).astype(np.float32)
+    ours, ref = _both(b.build().to_bytes(), [x])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def test_arg_max_first_of_ties():
+    b = ModelBuilder()
+    x = b.input("x", (2, 3, 5), np.uint8, scale=0.1, zero_point=0)
+    axis = b.constant("axis", np.array([2], np.int32))
+    y = b.tensor("y", (2, 3), np.int64)
+    b.op("ARG_MAX", [x, axis], [y], output_type=4)          # INT64
+    b.output(y)
+    x = np.random.default_rng(5).integers(0, 3, (2, 3, 5)).astype(np.uint8)
+    ours, ref = _both(b.build().to_bytes(), [x])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes: int = 5):
+    opts = flexbuffers.Dumps({
+        "max_detections": 7, "max_classes_per_detection": per_detection,
+        "detections_per_class": 4, "use_regular_nms": regular, "num_classes": classes,
+        "nms_score_threshold": 0.25, "nms_iou_threshold": 0.5,
+        "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0})
+    rng = np.random.default_rng(6)
+    centers = rng.uniform(0.2, 0.8, (boxes, 2))
+    sizes = rng.uniform(0.1, 0.4, (boxes, 2))
+    anchors = np.concatenate([centers, sizes], axis=1).astype(np.float32)
+    b = ModelBuilder()
+    enc = b.input("boxes", (1, boxes, 4), np.float32)
+    sco = b.input("scores", (1, boxes, classes + 1), np.float32)
+    anc = b.constant("anchors", anchors)
+    outs = [b.tensor(n, (), np.float32) for n in ("det_boxes", "det_classes", "det_scores",
+                                                  "num")]
+    b.op("TFLite_Detection_PostProcess", [enc, sco, anc], outs, custom_options=opts)
+    b.output(*outs)
+    inputs = [(rng.standard_normal((1, boxes, 4)) * 2).astype(np.float32),
+              rng.uniform(0, 1, (1, boxes, classes + 1)).astype(np.float32)]
+    return b.build().to_bytes(), inputs
+
+
+@pytest.mark.parametrize("regular,per_detection", [(False, 1), (False, 3), (True, 1)])
+def test_detection_postprocess_float(regular, per_detection):
+    data, inputs = _detection_model(regular, per_detection)
+    ours, ref = _both(data, inputs)
+    _compare(ours, ref)
+    assert ours[3][0] > 0
+
+
+# -- what the backend refuses or checks ---------------------------------------------------
+
+
+def test_float_operator_without_kernel_is_refused_at_load():
+    data = _unary("TANH", ((1, 4), np.float32, {}), ((1, 4), np.float32, {}))
+    with pytest.raises(UnsupportedOperatorError, match="TANH") as info:
+        NumpyBackend().load(data)
+    assert info.value.op_name == "TANH"
+
+
+def test_compiled_model_is_refused():
+    data = shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite").read_bytes()
+    with pytest.raises(UnsupportedOperatorError, match="compiled for the Edge TPU"):
+        NumpyBackend().load(data)
+
+
+def test_activations_past_on_chip_memory_run():
+    b = ModelBuilder()
+    q = {"scale": 0.05, "zero_point": 10}
+    x = b.input("x", (1, 1024, 1024, 16), np.uint8, **q)
+    y = b.tensor("y", (1, 1024, 1024, 16), np.uint8, scale=0.1, zero_point=3)
+    b.op("ADD", [x, x], [y])
+    b.output(y)
+    model = b.build()
+    with pytest.raises(SegmentTooLargeError):
+        build_segment(model)
+    data = model.to_bytes()
+    x = np.random.default_rng(7).integers(0, 256, (1, 1024, 1024, 16)).astype(np.uint8)
+    _compare(*_both(data, [x]))
+
+
+def test_arguments_and_inputs_are_checked():
+    data = shared_model("add_float.tflite").read_bytes()
+    backend = NumpyBackend()
+    assert backend.name == "numpy" and "numpy" in backend.version
+    with pytest.raises(ConfigError):
+        backend.load(data, kernels="fast")
+    with pytest.raises(ConfigError):
+        backend.load(data, num_threads=0)
+    program = backend.load(data, kernels="reference", num_threads=2)
+    with pytest.raises(InputError):
+        program.run([np.zeros((1, 8, 8, 3), np.float64)])
+    with pytest.raises(InputError):
+        program.run([])
+    program.resize_inputs([(1, 8, 8, 3)])
+    with pytest.raises(InputError):
+        program.resize_inputs([(2, 8, 8, 3)])
+    x = np.ones((1, 8, 8, 3), np.float32)
+    first = program.run([x])
+    first[0][...] = 99
+    assert program.run([x])[0][0, 0, 0, 0] == 3.0 and program.last_seconds > 0
+    assert program.operators == 2 and program.profile()[0]["operators"] == 2
