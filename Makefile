@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test bench fuzz soak clean
+.PHONY: $(VENV) venv demo test test-nolitert bench fuzz soak clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m pytest -q --ignore=tests/bench
 
+# The suite as on a board without LiteRT wheels: a second venv with ai-edge-litert
+# uninstalled; modules that compare against LiteRT skip, the rest run on the
+# NumPy backend (tests/conftest.py).
+NOLITERT ?= .venv-nolitert
+test-nolitert:
+	$(PYTHON) -m venv $(NOLITERT)
+	$(NOLITERT)/bin/python -m pip install -q --upgrade pip
+	$(NOLITERT)/bin/python -m pip install -q -e '.[dev]'
+	$(NOLITERT)/bin/python -m pip uninstall -y -q ai-edge-litert
+	$(NOLITERT)/bin/python -m pytest -q --ignore=tests/bench
+
 bench: $(STAMP)
 	$(VPY) -m pytest tests/bench --benchmark-only -q
 
@@ -37,7 +48,7 @@ fuzz: $(STAMP)
 		--target sim --save $(FUZZ_SAVE)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) $(NOLITERT) build dist *.egg-info .pytest_cache .benchmarks
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # A long soak of the USB driver on a misbehaving simulated stick (tests/test_soak.py):

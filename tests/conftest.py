@@ -3,13 +3,47 @@
 The models are not part of this repository: they sit in ``shared/models``
 next to the repository root (the same layout in CI). Tests that need them
 skip with an explicit reason only when that folder is absent.
+
+Without LiteRT (``ai-edge-litert`` uninstalled, as on boards it has no wheels
+for; ``make test-nolitert`` builds such a venv), the test modules that compare
+against LiteRT or drive it directly skip with that reason, and the rest run
+with coralrt's NumPy backend.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
+
+#: LiteRT is installed (the yardstick of most tests).
+HAVE_LITERT = importlib.util.find_spec("ai_edge_litert") is not None
+NO_LITERT_REASON = "ai-edge-litert is not installed: this module compares against LiteRT"
+# What marks a test module as needing LiteRT itself (not only a CPU backend).
+_LITERT_WORDS = ("run_litert", "ai_edge_litert", "litert(", "harness import", "BUILTIN_REF", "cpu_kernels=\"reference\"",
+                 'backend="litert"', "LiteRTBackend")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_litert: the test checks LiteRT's own output "
+                            "(its backend name, log lines or kernels); skipped without it")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_LITERT:
+        return
+    needs: dict[str, bool] = {}
+    for item in items:
+        if item.get_closest_marker("needs_litert"):
+            item.add_marker(pytest.mark.skip(reason=NO_LITERT_REASON))
+            continue
+        path = str(item.fspath)
+        if path not in needs:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            needs[path] = any(word in text for word in _LITERT_WORDS)
+        if needs[path]:
+            item.add_marker(pytest.mark.skip(reason=NO_LITERT_REASON))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO_ROOT.parent / "shared" / "models"

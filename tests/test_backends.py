@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from ai_edge_litert import interpreter as litert
+litert = pytest.importorskip("ai_edge_litert.interpreter",
+                             reason="ai-edge-litert is not installed")
 from conftest import MODELS_DIR, model_params, shared_model
 
 from coralrt import backends

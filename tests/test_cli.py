@@ -306,6 +306,7 @@ def run_json(capsys, *argv) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.needs_litert
 def test_run_json(capsys):
     path = shared_model(MOBILENET)
     r = run_json(capsys, path, "--repeat", "3", "--warmup", "0", "--threads", "1")
@@ -432,6 +433,7 @@ def test_random_input_float_is_standard_normal():
 
 # -- demo ----------------------------------------------------------------------
 
+@pytest.mark.needs_litert
 def test_demo(capsys, tmp_path):
     save = tmp_path / "demo.tflite"
     code, out, err = cli(capsys, "demo", "--save", save, "--runs", "5")

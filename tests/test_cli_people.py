@@ -64,6 +64,7 @@ def test_demo_json(capsys, target):
         assert report["estimated_device_ms"] is None
 
 
+@pytest.mark.needs_litert
 def test_native_info_line_does_not_reach_stderr():
     # In a fresh process: the TFLite core prints its XNNPACK line once per process.
     proc = subprocess.run([sys.executable, "-m", "coralrt", "run",

@@ -6,7 +6,8 @@ import hashlib
 
 import numpy as np
 import pytest
-from ai_edge_litert.interpreter import Interpreter
+Interpreter = pytest.importorskip("ai_edge_litert.interpreter",
+                                  reason="ai-edge-litert is not installed").Interpreter
 
 from coralrt import InferenceSession, load_model
 from coralrt.cli.demo_model import DEMO_CLASSES, INPUT_SHAPE, build_demo_model, demo_input

@@ -249,6 +249,7 @@ def test_firmware_check_branches(tmp_path, monkeypatch):
     assert c.status == "ok" and not c.fix
 
 
+@pytest.mark.needs_litert
 def test_cpu_backends_and_versions():
     checks = D.check_cpu_backends()
     by_name = {c.name: c for c in checks}
@@ -361,6 +362,7 @@ def _args(**kw):
     return argparse.Namespace(json=kw.pop("json", False), simulated=kw.pop("simulated", None))
 
 
+@pytest.mark.needs_litert
 def test_doctor_all_ok_then_one_failure(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(firmware, "FIRMWARE_SHA256", hashlib.sha256(IMAGE).hexdigest())
     fw = tmp_path / "fw.bin"

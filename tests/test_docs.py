@@ -125,6 +125,7 @@ def _params() -> list:
     return [pytest.param(b, id=f"{b.where}-{b.lang}") for b in ALL_BLOCKS if b.runs]
 
 
+@pytest.mark.needs_litert
 @pytest.mark.parametrize("block", _params())
 def test_doc_block_runs(block: Block, doc_dir, capsys, monkeypatch):
     _needs_models(block)

@@ -6,11 +6,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO_ROOT, shared_model
 
 NUMBER = r"(\d+(?:\.\d+)?)"
 
 
+@pytest.mark.needs_litert
 def test_peak_rss_tool_prints_figures_for_both():
     model = shared_model("mobilenet_v1_0.25_128_quant.tflite")
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "peak_rss.py"), str(model),

@@ -256,6 +256,7 @@ def test_pins_are_those_of_the_published_files(tmp_path):
 
 # -- libedgetpu, in a child process --------------------------------------------------------
 
+@pytest.mark.needs_litert
 def test_probe_reports_not_installed_here():
     result = L.probe()
     if result["status"] == "installed":

@@ -6,6 +6,7 @@ the same on one thread or several."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,6 +165,11 @@ def test_a_failing_blas_limit_does_not_fail_an_inference(monkeypatch):
     class Broken:
         def limit(self, **kwargs):
             raise RuntimeError("no BLAS found")
+    # A session of an earlier test may still be finishing a request in its worker
+    # thread (inside the limit); wait for it, as the limit is process-wide.
+    deadline = time.monotonic() + 10
+    while parallel._blas["depth"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     monkeypatch.setitem(parallel._blas, "controller", Broken())
     with parallel.blas_single_threaded():
         assert parallel._blas["limit"] is None

@@ -279,7 +279,16 @@ class NumpyBackend(CpuBackend):
                         where=f"operator {i}")
         if not segment.ops:
             raise ModelError("the numpy backend needs a model with at least one operator")
-        runner = SegmentRunner(segment, extra={op.name: _dispatch for op in segment.ops})
+        try:
+            runner = SegmentRunner(segment, extra={op.name: _dispatch for op in segment.ops})
+        except CoralRTError:
+            raise
+        except (ValueError, ArithmeticError, IndexError, TypeError, KeyError,
+                AttributeError) as e:
+            # A kernel's set-up met operands that do not fit together (a model
+            # LiteRT would refuse in Prepare): a typed error, not a crash.
+            raise ModelError(f"the numpy backend cannot prepare the model: "
+                             f"{type(e).__name__}: {e}") from e
         program = NumpyProgram(runner, model)
         log.debug("numpy backend loaded %d-byte model: %d operators, %d inputs, %d outputs "
                   "(kernels=%s and num_threads=%s make no difference)", len(model_bytes),
