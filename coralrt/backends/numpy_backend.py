@@ -33,7 +33,9 @@ import numpy as np
 from ..errors import (
     ConfigError, CoralRTError, InferenceError, InputError, ModelError, UnsupportedOperatorError,
 )
-from ..formats.segment import Segment, SegmentOp, SegmentTensor
+from ..formats.segment import (
+    Segment, SegmentOp, SegmentTensor, plain_option, quantization_arrays,
+)
 from ..model import load_model
 from ..model.shapes import inferred_shapes
 from ..model.types import CUSTOM, numpy_dtype, packed_size
@@ -58,30 +60,6 @@ _OTHER_KERNELS = {**ANY_TYPE_KERNELS, DETECTION_POSTPROCESS: detection_postproce
 # -- the model as the runner sees it -------------------------------------------------------
 
 
-def _quantization(t):
-    q = t.quantization
-    if q is None or q.scale.size == 0:
-        return np.zeros(0, np.float32), np.zeros(0, np.int64), 0
-    scales = np.ascontiguousarray(q.scale, np.float32).reshape(-1)
-    zps = np.ascontiguousarray(q.zero_point, np.int64).reshape(-1)
-    if zps.size == 0:
-        zps = np.zeros(scales.size, np.int64)
-    if zps.size != scales.size:
-        raise ModelError(f"tensor {t.name!r} has {scales.size} scales but {zps.size} zero "
-                         f"points")
-    return scales, zps, int(q.quantized_dimension) if scales.size > 1 else 0
-
-
-def _plain(value):
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
 def describe(model) -> Segment:
     """Subgraph 0 of ``model`` as a :class:`Segment` for the runner, with no memory plan.
 
@@ -98,7 +76,7 @@ def describe(model) -> Segment:
         shape = tuple(int(d) for d in shapes.get(i, t.shape))
         kind = ("input" if i in ins else "output" if i in outs
                 else "parameter" if t.is_constant else "activation")
-        scales, zps, qdim = _quantization(t)
+        scales, zps, qdim = quantization_arrays(t, f"tensor {t.name!r}")
         st = SegmentTensor(i, t.name, shape, t.type, kind, scales, zps, qdim, 0,
                            packed_size(t.type, shape) or 0,
                            kind == "activation" and t.is_variable)
@@ -120,7 +98,7 @@ def describe(model) -> Segment:
         opts = op.custom_options
         ops.append(SegmentOp(
             op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
-            {k: _plain(v) for k, v in op.options.items()}, tuple(op.intermediates),
+            {k: plain_option(v) for k, v in op.options.items()}, tuple(op.intermediates),
             (op.opcode.custom_code or "") if op.opcode.is_custom else "",
             b"" if opts is None else bytes(opts)))
     return Segment(tensors, ops, tuple(ins), tuple(outs), np.zeros(0, np.uint8), None,

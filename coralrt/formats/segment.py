@@ -26,7 +26,7 @@ from coralrt.model.types import BUILTIN_NAMES, CUSTOM, TYPE_NAMES, Model, numpy_
 __all__ = [
     "KINDS", "COMPILER_ID", "SegmentTensor",
     "SegmentOp", "Segment", "build_segment", "check_segment",
-    "parameter_alignment", "attach_parameter_views",
+    "parameter_alignment", "attach_parameter_views", "quantization_arrays", "plain_option",
 ]
 
 KINDS = ("input", "output", "activation", "parameter")
@@ -153,7 +153,7 @@ def build_segment(model: Model, *, compiler_id: str = COMPILER_ID,
         if kind == "parameter" and (t.extra.get("sparsity") or t.buffer.nbytes != size):
             raise SegmentFormatError(f"constant holds {t.buffer.nbytes} bytes, not the dense "
                                      f"{size} its type and shape need", where=where)
-        scales, zps, qdim = _quantization(t, where)
+        scales, zps, qdim = quantization_arrays(t, where)
         tensors.append(SegmentTensor(i, t.name, tuple(int(d) for d in t.shape), t.type, kind,
                                      scales, zps, qdim, 0, size, kind == "activation"
                                      and t.is_variable))
@@ -162,7 +162,7 @@ def build_segment(model: Model, *, compiler_id: str = COMPILER_ID,
         opts = op.custom_options
         ops.append(SegmentOp(
             op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
-            {k: _plain(v) for k, v in op.options.items()}, tuple(op.intermediates),
+            {k: plain_option(v) for k, v in op.options.items()}, tuple(op.intermediates),
             (op.opcode.custom_code or "") if op.opcode.is_custom else "",
             b"" if opts is None else bytes(opts)))
     blob = _layout_parameters(sg, tensors, ops)
@@ -174,7 +174,7 @@ def build_segment(model: Model, *, compiler_id: str = COMPILER_ID,
     return seg
 
 
-def _quantization(t, where: str):
+def quantization_arrays(t, where: str):
     q = t.quantization
     if q is None or q.scale.size == 0:
         return np.zeros(0, np.float32), np.zeros(0, np.int64), 0
@@ -189,7 +189,7 @@ def _quantization(t, where: str):
     return scales, zps, int(q.quantized_dimension) if scales.size > 1 else 0
 
 
-def _plain(value):
+def plain_option(value):
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
