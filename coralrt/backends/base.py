@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from coralrt.errors import ConfigError, ModelError
 from coralrt.runtime.program import Program
 
 __all__ = ["CpuBackend", "CpuProgram", "KERNEL_SETS"]
@@ -97,6 +98,21 @@ class CpuBackend:
         ``kernels`` is one of :data:`KERNEL_SETS`.
         """
         raise NotImplementedError
+
+    @staticmethod
+    def checked_load_arguments(model_bytes, num_threads, kernels: str) -> bytes:
+        """``model_bytes`` as bytes, after the checks every backend's :meth:`load`
+        makes of its arguments (ConfigError, or ModelError for an empty model)."""
+        if kernels not in KERNEL_SETS:
+            raise ConfigError(f"unknown kernels {kernels!r}; choose one of "
+                              f"{', '.join(KERNEL_SETS)}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        if not isinstance(model_bytes, bytes):
+            model_bytes = bytes(model_bytes)
+        if not model_bytes:
+            raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
+        return model_bytes
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.version}>"

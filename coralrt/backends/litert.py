@@ -21,14 +21,13 @@ import numpy as np
 
 from ..errors import (
     BackendUnavailableError,
-    ConfigError,
     CoralRTError,
     InferenceError,
     InputError,
     ModelError,
     UnsupportedOperatorError,
 )
-from .base import KERNEL_SETS, CpuBackend, CpuProgram
+from .base import CpuBackend, CpuProgram
 from .native_log import native_info_to_log
 
 __all__ = ["LiteRTBackend", "TFLiteRuntimeBackend", "LiteRTProgram",
@@ -298,16 +297,9 @@ class _InterpreterBackend(CpuBackend):
         num_threads: int | None = None,
         kernels: str = "optimized",
     ) -> CpuProgram:
-        resolver = self._resolvers.get(kernels)
-        if resolver is None:
-            raise ConfigError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
-        if not isinstance(model_bytes, bytes):
-            # The native loader only takes bytes (it keeps a reference, no copy).
-            model_bytes = bytes(model_bytes)
-        if not model_bytes:
-            raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
+        # The native loader only takes bytes (it keeps a reference, no copy).
+        model_bytes = self.checked_load_arguments(model_bytes, num_threads, kernels)
+        resolver = self._resolvers[kernels]
         try:
             interp = self._prepared(model_bytes, num_threads, resolver)
         except _NativeFailure as failure:

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
-    ConfigError, CoralRTError, InferenceError, InputError, ModelError, UnsupportedOperatorError,
+    CoralRTError, InferenceError, InputError, ModelError, UnsupportedOperatorError,
 )
 from ..formats.segment import (
-    Segment, SegmentOp, SegmentTensor, plain_option, quantization_arrays,
+    Segment, SegmentOp, SegmentTensor, quantization_arrays, segment_ops,
 )
 from ..model import load_model
 from ..model.shapes import inferred_shapes
@@ -42,7 +42,7 @@ from ..model.types import CUSTOM, numpy_dtype, packed_size
 from ..sim.kernels import kernel_for
 from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
-from .base import KERNEL_SETS, CpuBackend, CpuProgram
+from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
 from .numpy_kernels import ANY_TYPE_KERNELS, FLOAT_KERNELS, is_float
 
@@ -93,14 +93,7 @@ def describe(model) -> Segment:
             st.data = data
         tensors.append(st)
     _retype_outputs(sg, tensors)
-    ops = []
-    for op in sg.operators:
-        opts = op.custom_options
-        ops.append(SegmentOp(
-            op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
-            {k: plain_option(v) for k, v in op.options.items()}, tuple(op.intermediates),
-            (op.opcode.custom_code or "") if op.opcode.is_custom else "",
-            b"" if opts is None else bytes(opts)))
+    ops = segment_ops(sg)
     return Segment(tensors, ops, tuple(ins), tuple(outs), np.zeros(0, np.uint8), None,
                    sg.name, "coralrt-numpy", coralrt_version())
 
@@ -241,16 +234,8 @@ class NumpyBackend(CpuBackend):
         num_threads: int | None = None,
         kernels: str = "optimized",
     ) -> CpuProgram:
-        if kernels not in KERNEL_SETS:
-            raise ConfigError(f"unknown kernels {kernels!r}; choose one of "
-                              f"{', '.join(KERNEL_SETS)}")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
-        if not isinstance(model_bytes, (bytes, bytearray, memoryview)):
-            model_bytes = bytes(model_bytes)
-        if not len(model_bytes):
-            raise ModelError("the CPU backend rejected the model: it is empty (0 bytes)")
-        model = load_model(bytes(model_bytes))
+        model_bytes = self.checked_load_arguments(model_bytes, num_threads, kernels)
+        model = load_model(model_bytes)
         segment = describe(model)
         for i, op in enumerate(segment.ops):
             pick_kernel(op, [segment.tensors[k] for k in (*op.inputs, *op.outputs) if k >= 0],

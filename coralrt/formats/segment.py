@@ -26,7 +26,7 @@ from coralrt.model.types import BUILTIN_NAMES, CUSTOM, TYPE_NAMES, Model, numpy_
 __all__ = [
     "KINDS", "COMPILER_ID", "SegmentTensor",
     "SegmentOp", "Segment", "build_segment", "check_segment",
-    "parameter_alignment", "attach_parameter_views", "quantization_arrays", "plain_option",
+    "parameter_alignment", "attach_parameter_views", "quantization_arrays", "plain_option", "segment_ops",
 ]
 
 KINDS = ("input", "output", "activation", "parameter")
@@ -157,14 +157,7 @@ def build_segment(model: Model, *, compiler_id: str = COMPILER_ID,
         tensors.append(SegmentTensor(i, t.name, tuple(int(d) for d in t.shape), t.type, kind,
                                      scales, zps, qdim, 0, size, kind == "activation"
                                      and t.is_variable))
-    ops = []
-    for i, op in enumerate(sg.operators):
-        opts = op.custom_options
-        ops.append(SegmentOp(
-            op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
-            {k: plain_option(v) for k, v in op.options.items()}, tuple(op.intermediates),
-            (op.opcode.custom_code or "") if op.opcode.is_custom else "",
-            b"" if opts is None else bytes(opts)))
+    ops = segment_ops(sg)
     blob = _layout_parameters(sg, tensors, ops)
     seg = Segment(tensors, ops, tuple(ins), tuple(outs), blob, None, sg.name, compiler_id,
                   version() if compiler_version is None else compiler_version)
@@ -187,6 +180,19 @@ def quantization_arrays(t, where: str):
                                  where=where)
     # The quantized dimension only means something for per-channel quantization.
     return scales, zps, int(q.quantized_dimension) if scales.size > 1 else 0
+
+
+def segment_ops(sg) -> list[SegmentOp]:
+    """The operators of subgraph ``sg`` as segment operators (options as plain values)."""
+    ops = []
+    for op in sg.operators:
+        opts = op.custom_options
+        ops.append(SegmentOp(
+            op.opcode.builtin_code, op.opcode.version, tuple(op.inputs), tuple(op.outputs),
+            {k: plain_option(v) for k, v in op.options.items()}, tuple(op.intermediates),
+            (op.opcode.custom_code or "") if op.opcode.is_custom else "",
+            b"" if opts is None else bytes(opts)))
+    return ops
 
 
 def plain_option(value):
