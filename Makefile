@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(VPY) -m pytest -q --ignore=tests/bench
 
 # The suite as on a board without LiteRT wheels: a second venv with ai-edge-litert
-# uninstalled; modules that compare against LiteRT skip, the rest run on the
-# NumPy backend (tests/conftest.py).
+# uninstalled; every test runs on the NumPy backend except those that compare
+# against LiteRT or need what it lacks, which skip with the reason (tests/conftest.py).
 NOLITERT ?= .venv-nolitert
 test-nolitert:
 	$(PYTHON) -m venv $(NOLITERT)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import platform
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -23,7 +25,7 @@ from conftest import REPO_ROOT, run_litert, shared_model
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from coralrt import backends
+from coralrt import backends, wheels
 from coralrt.backends.base import CpuBackend
 from coralrt.backends.litert import LiteRTBackend, TFLiteRuntimeBackend
 from coralrt.cli import doctor_cmd
@@ -110,6 +112,7 @@ def test_fallback_line_gives_other_reasons(stand_ins, monkeypatch, caplog):
         backends.get_backend("litert")
 
 
+@pytest.mark.needs_litert("with the numpy module missing, the test expects LiteRT to be chosen")
 def test_missing_numpy_module_is_only_unusable(monkeypatch):
     monkeypatch.setitem(sys.modules, "coralrt.backends.numpy_backend", None)
     monkeypatch.setattr(backends, "_instances", {})
@@ -151,6 +154,7 @@ def test_doctor_names_numpy_as_the_default():
     assert checks[0].fix == "pip install ai-edge-litert" and "slower" in checks[0].found
 
 
+@pytest.mark.needs_litert("compares this process, which has LiteRT, with a child that hides it")
 def test_doctor_with_litert_says_numpy_is_the_fallback():
     checks = {c.name: c for c in check_cpu_backends()}
     assert "used by default" in checks["CPU backend litert"].found
@@ -210,16 +214,61 @@ def marker_platforms(marker: Marker) -> set[tuple[str, str]]:
 
 def test_markers_match_the_wheel_platforms():
     deps = _dependencies()
-    assert marker_platforms(deps["ai-edge-litert"].marker) == set(backends.LITERT_WHEEL_PLATFORMS)
+    assert marker_platforms(deps["ai-edge-litert"].marker) == set(wheels.LITERT_WHEEL_PLATFORMS)
     assert marker_platforms(deps["libusb-package"].marker) == \
-        set(doctor_cmd.LIBUSB_PACKAGE_WHEEL_PLATFORMS)
+        set(wheels.LIBUSB_PACKAGE_WHEEL_PLATFORMS)
     for p, m in _PLATFORMS:
-        assert backends.litert_has_wheels(p, m) == ((p, m) in backends.LITERT_WHEEL_PLATFORMS)
+        assert backends.litert_has_wheels(p, m) == ((p, m) in wheels.LITERT_WHEEL_PLATFORMS)
     # The 32-bit and RISC-V boards get neither; everything else stays unconditional.
     for machine in ("armv7l", "armv6l", "riscv64"):
         assert not backends.litert_has_wheels("linux", machine)
         assert not doctor_cmd.libusb_package_has_wheels("linux", machine)
     assert [n for n, r in deps.items() if r.marker] == ["libusb-package", "ai-edge-litert"]
+
+
+def test_a_32_bit_python_on_a_64_bit_kernel_gets_the_32_bit_machine_name():
+    # The 32-bit Raspberry Pi OS on a Pi 4/5 runs a 64-bit kernel: uname says aarch64.
+    assert wheels.pip_machine("aarch64", 32) == "armv8l"
+    assert wheels.pip_machine("aarch64", 64) == "aarch64"
+    assert wheels.pip_machine("x86_64", 32) == "i686"
+    assert wheels.pip_machine("armv7l", 32) == "armv7l"
+    for package in ("ai-edge-litert", "libusb-package"):
+        assert wheels.has_wheels(package, "linux", "aarch64")
+        assert not wheels.has_wheels(package, "linux", wheels.pip_machine("aarch64", 32))
+
+
+def test_doctor_names_a_32_bit_python_on_a_64_bit_kernel(monkeypatch):
+    monkeypatch.setattr(wheels.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(wheels.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(wheels, "python_bits", lambda: 32)
+    monkeypatch.setattr(wheels.sys, "platform", "linux")
+    assert not backends.litert_has_wheels() and not doctor_cmd.libusb_package_has_wheels()
+    assert wheels.platform_name() == "Linux armv8l (32-bit Python on an aarch64 kernel)"
+    rows = [{"name": "litert", "usable": False, "version": None,
+             "reason": "CPU backend 'litert' is not installed"},
+            {"name": "numpy", "usable": True, "version": "0.1.0", "reason": None}]
+    litert = check_cpu_backends(lambda: rows)[0]
+    assert litert.status == "info" and "no wheels for Linux armv8l (32-bit Python" in litert.found
+
+
+@pytest.mark.skipif(shutil.which("linux32") is None or platform.machine() != "x86_64",
+                    reason="needs linux32 (util-linux) on an x86-64 Linux kernel")
+def test_the_markers_skip_both_wheels_under_the_32_bit_personality():
+    """The Pi guide's fix for a 32-bit OS on a 64-bit kernel is `linux32 pip install`:
+    under the 32-bit personality the kernel gives its 32-bit machine name, which the
+    markers exclude.  Checked here with the x86-64 kernel's personality (i686), the same
+    kernel mechanism that gives armv8l on an arm64 kernel."""
+    code = ("import json, platform; from packaging.requirements import Requirement; "
+            f"deps = {[str(r) for r in _dependencies().values()]!r}; "
+            "print(json.dumps([platform.machine(), sorted(Requirement(d).name for d in deps "
+            "if Requirement(d).marker is None or Requirement(d).marker.evaluate())]))")
+    plain = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, check=True).stdout)
+    personality = json.loads(subprocess.run(["linux32", sys.executable, "-c", code],
+                                            capture_output=True, text=True, check=True).stdout)
+    assert plain[0] == "x86_64" and {"ai-edge-litert", "libusb-package"} <= set(plain[1])
+    assert personality[0] == "i686"
+    assert set(plain[1]) - set(personality[1]) == {"ai-edge-litert", "libusb-package"}
 
 
 # -- end to end, in a child Python without LiteRT -----------------------------------------
@@ -257,6 +306,7 @@ print(json.dumps({"backends": names, "log": lines, "report": backend_report(),
 _MODEL = "mobilenet_v1_0.25_128_quant.tflite"
 
 
+@pytest.mark.needs_litert("compares this process, which has LiteRT, with a child that hides it")
 def test_session_without_litert_runs_on_numpy(tmp_path):
     if not HAVE_NUMPY_BACKEND:
         pytest.skip(NO_NUMPY_BACKEND)

@@ -81,8 +81,8 @@ def test_litert_runs_with_default_and_reference_kernels(built, name):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_int8_logits_follow_the_float_network(built, name):
-    from ai_edge_litert.interpreter import Interpreter
-
+    from conftest import litert_module
+    Interpreter = litert_module().Interpreter
     m = built[name]
     interp = Interpreter(model_content=m.tflite)
     interp.allocate_tensors()

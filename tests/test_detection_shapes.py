@@ -28,7 +28,8 @@ MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"
 
 
 def litert_output_shapes(path) -> list[tuple[int, ...]]:
-    from ai_edge_litert.interpreter import Interpreter
+    from conftest import litert_module
+    Interpreter = litert_module().Interpreter
     interp = Interpreter(model_path=str(path))
     interp.allocate_tensors()
     for d in interp.get_input_details():

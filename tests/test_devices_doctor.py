@@ -416,7 +416,14 @@ def test_pi_guide_python_example_runs_on_the_simulated_stick(monkeypatch, capsys
 
     from coralrt.usb import open_device
     monkeypatch.chdir(model.parent)
-    scope = {"_sim_device": lambda: open_device(backend=dwn1_backend())}
-    exec(compile(code, "docs/install-raspberry-pi.md", "exec"), scope)
-    assert "top-5 classes:" in capsys.readouterr().out
-    assert scope["session"].target == "coral"
+    opened = []
+    scope = {"_sim_device": lambda: opened.append(open_device(backend=dwn1_backend())) or opened[-1]}
+    try:
+        exec(compile(code, "docs/install-raspberry-pi.md", "exec"), scope)
+        assert "top-5 classes:" in capsys.readouterr().out
+        assert scope["session"].target == "coral"
+    finally:   # the example is a script that ends with the process; a test must let go
+        if "session" in scope:
+            scope["session"].close()
+        for device in opened:
+            device.close()

@@ -38,7 +38,8 @@ PACKAGE = "coralrt"
 # Modules of one layer may import each other (the cycle check still applies).
 LAYERS: list[tuple[str, ...]] = [
     ("coralrt.errors", "coralrt.formats.opnames"),           # 0: import nothing of coralrt
-    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs"),  # 1
+    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs",  # 1
+     "coralrt.wheels"),
     ("coralrt.model",),                                        # 2
     ("coralrt.tensors",),                                      # 3
     ("coralrt.formats",),                                      # 4: segment format, memory plan, codec, DWN1

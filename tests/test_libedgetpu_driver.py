@@ -37,6 +37,9 @@ from coralrt.errors import (
 )
 from coralrt.model import load_model
 
+# The driver loads the Edge TPU delegate into a LiteRT interpreter.
+pytestmark = pytest.mark.needs_litert("the libedgetpu driver runs inside LiteRT's interpreter")
+
 COMPILED = "edgetpu/split_concat_edgetpu.tflite"
 PLAIN = "add_quantized_uint8.tflite"
 SEGV = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]

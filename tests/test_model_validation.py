@@ -600,6 +600,8 @@ def test_shape_signature_litert_ignores_is_accepted():
         _runs_like_litert(data, [np.ones((1, 8, 8, 3), np.float32)], sim=False)
 
 
+@pytest.mark.needs_litert("LiteRT runs zero points outside the type's range; the numpy "
+                          "backend's integer kernels follow the quantization spec and refuse them")
 def test_zero_point_outside_the_type_range_runs():
     # ADD offsets its inputs by their zero points in int32 and never checks them.
     tree = tree_of("add_quantized_uint8.tflite")
@@ -609,6 +611,8 @@ def test_zero_point_outside_the_type_range_runs():
     _runs_like_litert(data, feeds)   # the float-declared ADD output keeps it on the CPU
 
 
+@pytest.mark.needs_litert("LiteRT runs zero points outside the type's range; the numpy "
+                          "backend's integer kernels follow the quantization spec and refuse them")
 def test_simulated_edge_tpu_declines_zero_points_outside_the_spec():
     # Validation accepts the model (LiteRT runs it on the CPU target); the
     # simulated Edge TPU keeps to TFLite's quantization spec and says so.

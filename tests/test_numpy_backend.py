@@ -1,7 +1,8 @@
 """The NumPy CPU backend against LiteRT's reference kernels (``BUILTIN_REF``).
 
 Integer outputs must be bit-exact; float outputs agree within
-``rtol=1e-5, atol=1e-6`` (FLOAT_TOL).  Every shared model runs through both;
+``rtol=1e-5, atol=1e-6`` (FLOAT_TOL).  Every shared model runs through both (those
+tests skip without LiteRT; the refusals and checks at the end do not);
 a model is skipped, with the reason, only when LiteRT cannot run it or the
 NumPy backend refuses one of its operators.  The float kernels are checked one
 by one on small built models.
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 from flatbuffers import flexbuffers
 
-from conftest import random_inputs, run_litert, shared_model, shared_model_names
+from conftest import litert_module, random_inputs, run_litert, shared_model, shared_model_names
 
 from coralrt.backends.numpy_backend import NumpyBackend
 from coralrt.errors import (
-    ConfigError, InputError, SegmentTooLargeError, UnsupportedOperatorError,
+    ConfigError, InferenceError, InputError, ModelError, SegmentTooLargeError,
+    UnsupportedOperatorError,
 )
 from coralrt.formats.segment import build_segment
 from coralrt.model import load_model
@@ -25,8 +27,6 @@ from coralrt.model.builder import ModelBuilder
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}
 SSD_HEAD = "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"
-
-pytest.importorskip("ai_edge_litert")
 
 
 def _compare(ours: list, ref: list) -> None:
@@ -196,6 +196,87 @@ def test_arg_max_first_of_ties():
     np.testing.assert_array_equal(ours[0], ref[0])
 
 
+@pytest.mark.parametrize("op", ["RELU", "RELU6", "RELU_N1_TO_1", "ABS", "NEG", "TANH"])
+def test_float_elementwise(op):
+    data = _unary(op, ((2, 200), np.float32, {}), ((2, 200), np.float32, {}))
+    x = np.linspace(-9, 9, 400, dtype=np.float32).reshape(2, 200)
+    ours, ref = _both(data, [x])
+    if op == "TANH":
+        _compare(ours, ref)
+    else:
+        np.testing.assert_array_equal(ours[0], ref[0])
+
+
+@pytest.mark.parametrize("axes,keep", [([1, 2], True), ([-1], False), ([0, 3, 3], False)])
+def test_mean_float(axes, keep):
+    shape = (2, 5, 6, 7)
+    out = tuple(1 if d in [a % 4 for a in axes] else n for d, n in enumerate(shape)) \
+        if keep else tuple(n for d, n in enumerate(shape) if d not in [a % 4 for a in axes])
+    b = ModelBuilder()
+    x = b.input("x", shape, np.float32)
+    a = b.constant("axes", np.array(axes, np.int32))
+    y = b.tensor("y", out, np.float32)
+    b.op("MEAN", [x, a], [y], keep_dims=keep)
+    b.output(y)
+    x = (np.random.default_rng(8).standard_normal(shape) * 3).astype(np.float32)
+    _compare(*_both(b.build().to_bytes(), [x]))
+
+
+@pytest.mark.parametrize("keep,bias,activation",
+                         [(False, True, "NONE"), (True, False, "RELU"), (False, True, "RELU6")])
+def test_fully_connected_float(keep, bias, activation):
+    b = ModelBuilder()
+    rng = np.random.default_rng(9)
+    x = b.input("x", (2, 3, 40), np.float32)
+    w = b.constant("w", rng.standard_normal((16, 40)).astype(np.float32) / 6)
+    c = b.constant("c", rng.standard_normal(16).astype(np.float32)) if bias else -1
+    y = b.tensor("y", (2, 3, 16) if keep else (6, 16), np.float32)
+    b.op("FULLY_CONNECTED", [x, w, c], [y], keep_num_dims=keep,
+         fused_activation_function=activation)
+    b.output(y)
+    ours, ref = _both(b.build().to_bytes(), [rng.standard_normal((2, 3, 40)).astype(np.float32)])
+    assert ours[0].shape == ref[0].shape
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,axis", [(np.float32, 0), (np.int8, 1), (np.int32, -1)])
+def test_gather(dtype, axis):
+    b = ModelBuilder()
+    values = np.arange(4 * 5 * 6).reshape(4, 5, 6) % 120 - 60
+    q = {"scale": 0.5, "zero_point": -2} if dtype == np.int8 else {}
+    p = b.constant("p", values.astype(dtype), **q)
+    n = values.shape[axis]
+    i = b.input("i", (2, 3), np.int32)
+    out = list(values.shape)
+    out[axis % 3:axis % 3 + 1] = [2, 3]
+    y = b.tensor("y", tuple(out), dtype, **q)
+    b.op("GATHER", [p, i], [y], axis=axis)
+    b.output(y)
+    idx = np.random.default_rng(10).integers(0, n, (2, 3)).astype(np.int32)
+    ours, ref = _both(b.build().to_bytes(), [idx])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def test_state_the_model_also_returns_carries_over():
+    model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
+    state = next(i for i, t in enumerate(model.main.tensors) if t.is_variable)
+    model.main.outputs.append(state)
+    data = model.to_bytes()
+    inputs = _inputs(data, seed=11)
+    program = NumpyBackend().load(data)
+    first, second = program.run(inputs), program.run(inputs)
+    assert not np.array_equal(first[-1], second[-1])     # the state moved on
+    Interpreter, OpResolverType = litert_module().Interpreter, litert_module().OpResolverType
+    interp = Interpreter(model_content=data,
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    interp.allocate_tensors()
+    for ours in (first, second):
+        for d, v in zip(interp.get_input_details(), inputs):
+            interp.set_tensor(d["index"], v)
+        interp.invoke()
+        _compare(ours, [interp.get_tensor(d["index"]) for d in interp.get_output_details()])
+
+
 def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes: int = 5):
     opts = flexbuffers.Dumps({
         "max_detections": 7, "max_classes_per_detection": per_detection,
@@ -231,10 +312,44 @@ def test_detection_postprocess_float(regular, per_detection):
 
 
 def test_float_operator_without_kernel_is_refused_at_load():
-    data = _unary("TANH", ((1, 4), np.float32, {}), ((1, 4), np.float32, {}))
-    with pytest.raises(UnsupportedOperatorError, match="TANH") as info:
+    data = _unary("SIN", ((1, 4), np.float32, {}), ((1, 4), np.float32, {}))
+    with pytest.raises(UnsupportedOperatorError, match="SIN") as info:
         NumpyBackend().load(data)
-    assert info.value.op_name == "TANH"
+    assert info.value.op_name == "SIN" and "no float kernel" in str(info.value)
+
+
+def test_dynamic_range_weights_are_refused_at_load():
+    b = ModelBuilder()
+    x = b.input("x", (1, 8), np.float32)
+    w = b.constant("w", np.ones((4, 8), np.int8), scale=0.1, zero_point=0)
+    y = b.tensor("y", (1, 4), np.float32)
+    b.op("FULLY_CONNECTED", [x, w, -1], [y])
+    b.output(y)
+    with pytest.raises(ModelError, match="dynamic-range quantization"):
+        NumpyBackend().load(b.build().to_bytes())
+
+
+def test_gather_index_out_of_range_fails_the_run():
+    b = ModelBuilder()
+    p = b.constant("p", np.arange(12, dtype=np.float32).reshape(4, 3))
+    i = b.input("i", (2,), np.int32)
+    y = b.tensor("y", (2, 3), np.float32)
+    b.op("GATHER", [p, i], [y], axis=0)
+    b.output(y)
+    program = NumpyBackend().load(b.build().to_bytes())
+    np.testing.assert_array_equal(program.run([np.array([3, 0], np.int32)])[0],
+                                  [[9, 10, 11], [0, 1, 2]])
+    for bad in ([4, 0], [-1, 0]):      # NumPy would wrap -1; TFLite refuses it
+        with pytest.raises(InferenceError, match="out of range"):
+            program.run([np.array(bad, np.int32)])
+
+
+def test_model_without_operators_returns_its_input():
+    b = ModelBuilder()
+    x = b.input("x", (1, 4), np.uint8, scale=0.5, zero_point=3)
+    b.output(x)
+    x = np.arange(4, dtype=np.uint8).reshape(1, 4)
+    np.testing.assert_array_equal(NumpyBackend().load(b.build().to_bytes()).run([x])[0], x)
 
 
 def test_compiled_model_is_refused():
@@ -279,3 +394,11 @@ def test_arguments_and_inputs_are_checked():
     first[0][...] = 99
     assert program.run([x])[0][0, 0, 0, 0] == 3.0 and program.last_seconds > 0
     assert program.operators == 2 and program.profile()[0]["operators"] == 2
+
+
+def test_the_libedgetpu_driver_needs_an_interpreter_backend():
+    from coralrt.backends import libedgetpu
+    from coralrt.compile.jit import jit_compile
+    model = jit_compile(shared_model("mobilenet_v1_0.25_128_quant.tflite")).model
+    with pytest.raises(ConfigError, match="'numpy' cannot load delegates"):
+        libedgetpu.load_program(model, backend=NumpyBackend())

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import litert, shared_image, shared_model
+from conftest import HAVE_LITERT, litert, shared_image, shared_model
 from coralrt.pycoral.adapters import classify, common, detect, segment
 from coralrt.pycoral.adapters.detect import BBox, Object
 from coralrt.pycoral.utils import dataset, edgetpu
@@ -119,7 +119,10 @@ def test_manifest_table_stretched_input(model, name, expected, score):
                                                      Image.NEAREST)))
     interp.invoke()
     (top,) = classify.get_classes(interp, top_k=1, score_threshold=0.1)
-    assert top.id == expected and top.score == pytest.approx(score, abs=0.0005)
+    # The table was measured with LiteRT's default kernels; the numpy backend follows
+    # the reference kernels, whose rounding moves a score by a few 1/256 steps.
+    assert top.id == expected and top.score == pytest.approx(score, abs=0.0005 if HAVE_LITERT
+                                                             else 0.02)
 
 
 def test_run_inference_with_raw_image_bytes(make):

@@ -47,8 +47,8 @@ def _litert(data: bytes, feeds: list, kernels: str):
 
 def _inputs(data: bytes) -> list:
     # The model's inputs as LiteRT reports them, filled deterministically.
-    from ai_edge_litert.interpreter import Interpreter
-
+    from conftest import litert_module
+    Interpreter = litert_module().Interpreter
     try:
         details = Interpreter(model_content=data).get_input_details()
     except (RuntimeError, ValueError) as e:

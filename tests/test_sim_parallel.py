@@ -165,14 +165,19 @@ def test_a_failing_blas_limit_does_not_fail_an_inference(monkeypatch):
     class Broken:
         def limit(self, **kwargs):
             raise RuntimeError("no BLAS found")
-    # A session of an earlier test may still be finishing a request in its worker
-    # thread (inside the limit); wait for it, as the limit is process-wide.
-    deadline = time.monotonic() + 10
-    while parallel._blas["depth"] and time.monotonic() < deadline:
-        time.sleep(0.01)
     monkeypatch.setitem(parallel._blas, "controller", Broken())
-    with parallel.blas_single_threaded():
-        assert parallel._blas["limit"] is None
+    # A session of an earlier test may still be finishing a request in its worker
+    # thread (inside the limit, which is process-wide): only an entry that finds
+    # nobody inside takes a new limit, so retry until the one taken with the broken
+    # controller is in force.
+    deadline = time.monotonic() + 10
+    while True:
+        with parallel.blas_single_threaded():
+            limit = parallel._blas["limit"]
+        if limit is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert limit is None
     monkeypatch.setitem(parallel._blas, "controller", False)     # not installed
     with parallel.blas_single_threaded():
         pass

@@ -184,6 +184,7 @@ class Broken:
         registry.add_kernel("Gate", kernel)
 
 
+@pytest.mark.needs_litert("dynamic input shapes: the numpy backend runs static shapes only")
 def test_dynamic_shapes_resize_in_the_worker():
     b = ModelBuilder()
     x = b.input("x", (1, 4), np.float32, shape_signature=(-1, 4))

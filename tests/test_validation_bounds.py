@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from conftest import litert_module
 
 from coralrt.errors import ModelError
 from coralrt.model import load_model
@@ -90,6 +91,7 @@ class LiteRT:
         with open(path, "wb") as f:
             f.write(data)
         if self.proc is None or self.proc.poll() is not None:
+            litert_module()   # the child needs it: skip here, not a child that dies at import
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          text=True)

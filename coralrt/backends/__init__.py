@@ -19,12 +19,11 @@ formats, compile, sim (not sim.stick), runtime.
 from __future__ import annotations
 
 import logging
-import platform
-import sys
 import threading
 from typing import Callable
 
 from ..errors import BackendUnavailableError, ConfigError
+from ..wheels import LITERT_WHEEL_PLATFORMS, has_wheels
 from .base import KERNEL_SETS, CpuBackend, CpuProgram
 from .litert import LiteRTBackend, TFLiteRuntimeBackend
 
@@ -42,17 +41,9 @@ __all__ = [
 
 log = logging.getLogger("coralrt.backends")
 
-#: (sys.platform, platform.machine()) pairs that ai-edge-litert publishes wheels for;
-#: the same set as the environment marker of its dependency in pyproject.toml.
-LITERT_WHEEL_PLATFORMS = frozenset({
-    ("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "arm64"), ("win32", "AMD64"),
-})
-
-
 def litert_has_wheels(sys_platform: str | None = None, machine: str | None = None) -> bool:
-    """Whether ``pip install ai-edge-litert`` can find a wheel for this platform."""
-    return ((sys_platform or sys.platform), (machine or platform.machine())) \
-        in LITERT_WHEEL_PLATFORMS
+    """Whether ``pip install ai-edge-litert`` can find a wheel for this interpreter."""
+    return has_wheels("ai-edge-litert", sys_platform, machine)
 
 
 def _numpy_backend() -> CpuBackend:

@@ -126,6 +126,7 @@ def load_program(model, data: bytes | None = None, *, backend: CpuBackend, devic
                  timeout: float = PROBE_TIMEOUT) -> DelegateProgram:
     """``model`` (its bytes ``data``, else serialized here) in ``backend``'s
     interpreter with the Edge TPU delegate of ``library``, after a probe."""
+    _module_of(backend)       # a backend without an interpreter has no delegates
     resolver = getattr(backend, "_resolvers", {}).get(kernels)
     if kernels not in KERNEL_SETS or resolver is None:
         raise ConfigError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")

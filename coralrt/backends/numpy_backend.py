@@ -8,10 +8,13 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
   which reproduce TFLite's reference kernels (``BUILTIN_REF``) bit for bit.
 * Operators with a float32 (or float16) input or output run on the float
   kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
-  RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX), and the SSD
+  RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
+  RELU_N1_TO_1, ABS, NEG, TANH, MEAN, FULLY_CONNECTED), and the SSD
   post-processing operator on :mod:`coralrt.backends.numpy_detect`.  Float
-  outputs match ``BUILTIN_REF`` within ``rtol=1e-5, atol=1e-6`` (most are
-  bit-exact; see those modules), integer outputs exactly.
+  outputs match ``BUILTIN_REF`` within the tolerances stated there (most are
+  bit-exact), integer outputs exactly.
+* GATHER, ARG_MAX and ARG_MIN (any type), and ADD, SUB, MUL of plain int32 or
+  int64 tensors, are in the same module.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
@@ -44,7 +47,9 @@ from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_kernels import ANY_TYPE_KERNELS, FLOAT_KERNELS, is_float
+from .numpy_kernels import (
+    ANY_TYPE_KERNELS, FLOAT_KERNELS, WIDE_INT_KERNELS, is_float, is_plain_wide_int,
+)
 
 __all__ = ["NumpyBackend", "NumpyProgram"]
 
@@ -71,21 +76,29 @@ def describe(model) -> Segment:
     sg = model.main
     ins, outs = list(sg.inputs), list(sg.outputs)
     shapes = inferred_shapes(sg)
+    reshape_shapes = _only_reshape_shapes(sg)
     tensors = []
     for i, t in enumerate(sg.tensors):
         shape = tuple(int(d) for d in shapes.get(i, t.shape))
         kind = ("input" if i in ins else "output" if i in outs
                 else "parameter" if t.is_constant else "activation")
         scales, zps, qdim = quantization_arrays(t, f"tensor {t.name!r}")
+        # A state tensor (LSTM) the model also returns is still state.
         st = SegmentTensor(i, t.name, shape, t.type, kind, scales, zps, qdim, 0,
                            packed_size(t.type, shape) or 0,
-                           kind == "activation" and t.is_variable)
+                           kind in ("activation", "output") and t.is_variable)
         if t.is_constant:
-            if t.extra.get("sparsity"):
+            if t.extra.get("sparsity") and i not in reshape_shapes:
                 raise ModelError(f"tensor {i} ({t.name!r}) is a sparse constant; the numpy "
-                                 f"backend takes dense constants only")
-            data = t.data
-            if data is None:                      # sub-byte types stay packed
+                                 f"backend takes dense constants only (a sparse shape "
+                                 f"operand of RESHAPE excepted)")
+            # RESHAPE's kernel takes its shape from the output tensor; a sparse shape
+            # operand was checked at load to read the same stored or dense.
+            data = t.data if not t.extra.get("sparsity") else None
+            if data is None and t.extra.get("sparsity"):
+                data = np.frombuffer(t.buffer.data, numpy_dtype(t.type).newbyteorder("<"),
+                                     count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+            elif data is None:                    # sub-byte types stay packed
                 data = np.asarray(t.buffer.data, np.uint8)
             elif data.size != int(np.prod(shape, dtype=np.int64)):
                 raise ModelError(f"tensor {i} ({t.name!r}): constant holds {data.size} "
@@ -96,6 +109,16 @@ def describe(model) -> Segment:
     ops = segment_ops(sg)
     return Segment(tensors, ops, tuple(ins), tuple(outs), np.zeros(0, np.uint8), None,
                    sg.name, "coralrt-numpy", coralrt_version())
+
+
+def _only_reshape_shapes(sg) -> set[int]:
+    """Tensors read only as RESHAPE's shape operand (input 1), and not returned."""
+    uses: dict[int, set[bool]] = {}
+    for op in sg.operators:
+        for pos, k in enumerate(op.inputs):
+            if k >= 0:
+                uses.setdefault(k, set()).add(op.name == "RESHAPE" and pos == 1)
+    return {k for k, kinds in uses.items() if kinds == {True} and k not in sg.outputs}
 
 
 def _retype_outputs(sg, tensors) -> None:
@@ -136,6 +159,8 @@ def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
             refuse(f"the numpy backend has no float kernel for it (float kernels: "
                    f"{', '.join(sorted(FLOAT_KERNELS))})")
         return factory
+    if name in WIDE_INT_KERNELS and all(is_plain_wide_int(t) for t in tensors):
+        return WIDE_INT_KERNELS[name]
     factory = None if op.opcode == CUSTOM else kernel_for(name)
     if factory is None:
         refuse("the numpy backend has no kernel for it")
@@ -195,7 +220,7 @@ class NumpyProgram(CpuProgram):
                 results = self._runner.run(arrays)
             except CoralRTError:
                 raise
-            except (ValueError, ArithmeticError, IndexError, TypeError) as e:
+            except (ValueError, ArithmeticError, LookupError, TypeError) as e:
                 raise InferenceError(f"the numpy backend failed while running the model: "
                                      f"{type(e).__name__}: {e}") from e
             outputs = [np.array(r, copy=True) for r in results]
@@ -240,8 +265,6 @@ class NumpyBackend(CpuBackend):
         for i, op in enumerate(segment.ops):
             pick_kernel(op, [segment.tensors[k] for k in (*op.inputs, *op.outputs) if k >= 0],
                         where=f"operator {i}")
-        if not segment.ops:
-            raise ModelError("the numpy backend needs a model with at least one operator")
         try:
             runner = SegmentRunner(segment, extra={op.name: _dispatch for op in segment.ops})
         except CoralRTError:

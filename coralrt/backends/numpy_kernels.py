@@ -21,7 +21,19 @@ What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
   beta) / sum``.  Measured bit-exact on the tests' inputs, but ``exp`` and the
   order of the sum may differ from LiteRT's in the last bit: the tests assert
   ``rtol=1e-5, atol=1e-6``.
+* ADD, SUB, MUL of int32/int64 tensors without quantization: the integer
+  operation (wrapping on overflow, as the C++ kernels do in practice) and the
+  fused activation's integer range: bit-exact.
 * ARG_MAX/ARG_MIN (any input type): the first extreme index, bit-exact.
+* GATHER (any value type, batch_dims 0): data movement, bit-exact; an index
+  out of range fails the run with InferenceError, as it fails TFLite's.
+* RELU, RELU6, RELU_N1_TO_1, ABS, NEG: bit-exact.  TANH: ``tanh`` in double
+  precision rounded to float32 (LiteRT's may differ in the last bits).
+* MEAN over constant axes and FULLY_CONNECTED (float32 weights, DEFAULT
+  format): float32 sums whose order differs from LiteRT's; the tests assert
+  ``rtol=1e-5, atol=1e-6`` for MEAN and ``rtol=1e-5, atol=1e-5`` for
+  FULLY_CONNECTED on unit-scale data.  Float operators with 8-bit weights
+  (dynamic-range quantization) are refused at load.
 
 The SSD post-processing operator is in :mod:`coralrt.backends.numpy_detect`.
 """
@@ -30,11 +42,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.errors import ModelError
+from coralrt.errors import InferenceError, ModelError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext
 
-__all__ = ["FLOAT_KERNELS", "ANY_TYPE_KERNELS", "is_float"]
+__all__ = ["FLOAT_KERNELS", "WIDE_INT_KERNELS", "ANY_TYPE_KERNELS", "is_float",
+           "is_plain_wide_int"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -55,8 +68,10 @@ def _refuse(ctx: OpContext, detail: str):
 def _require_float32(ctx: OpContext, *tensors) -> None:
     for t in tensors:
         if ctx.dtype(t) != np.dtype(np.float32):
-            _refuse(ctx, f"tensor {t.name!r} is {t.type_name}; this kernel takes FLOAT32 "
-                         f"(mixed float and 8-bit operands are not a TFLite operator)")
+            _refuse(ctx, f"tensor {t.name!r} is {t.type_name}; the numpy backend's float "
+                         f"kernels take FLOAT32 operands only (float operators with 8-bit "
+                         f"weights, as dynamic-range quantization writes them, are not "
+                         f"supported)")
 
 
 def _activation(ctx: OpContext):
@@ -179,6 +194,119 @@ def _binary(fn):
     return factory
 
 
+def _elementwise(fn):
+    """A float32 -> float32 kernel of one operand (the output takes its shape)."""
+    def factory(ctx: OpContext):
+        _require_float32(ctx, ctx.inputs[0], ctx.outputs[0])
+        shape = tuple(ctx.outputs[0].shape)
+
+        def run(inputs):
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                r = fn(np.asarray(inputs[0], np.float32))
+            return [np.asarray(r, np.float32).reshape(shape)]
+        return run
+    return factory
+
+
+def _tanh(x: np.ndarray) -> np.ndarray:
+    return np.tanh(x.astype(np.float64)).astype(np.float32)
+
+
+def _axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
+    values = ctx.const(1)
+    if values is None:
+        _refuse(ctx, "the axes (input 1) must be a constant")
+    axes = []
+    for a in np.asarray(values).reshape(-1).tolist():
+        a = int(a) + rank if int(a) < 0 else int(a)
+        if not 0 <= a < rank:
+            _refuse(ctx, f"axis {a} is out of range for rank {rank}")
+        if a not in axes:
+            axes.append(a)
+    return tuple(sorted(axes))
+
+
+def mean(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    _require_float32(ctx, x, out)
+    axes, shape = _axes(ctx, len(x.shape)), tuple(out.shape)
+
+    def run(inputs):
+        v = np.asarray(inputs[0], np.float32)
+        r = np.mean(v, axis=axes, keepdims=True, dtype=np.float32) if axes else v.copy()
+        return [np.asarray(r, np.float32).reshape(shape)]
+    return run
+
+
+def fully_connected(ctx: OpContext):
+    x, w, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    _require_float32(ctx, x, w, out, *([bias] if bias is not None else []))
+    if int(ctx.params.get("weights_format", 0) or 0) != 0:
+        _refuse(ctx, "only the DEFAULT weights format is supported")
+    if len(w.shape) != 2:
+        _refuse(ctx, f"weights of shape {tuple(w.shape)} are not 2-D")
+    units, depth = (int(d) for d in w.shape)
+    size, outputs = int(np.prod(x.shape, dtype=np.int64)), int(np.prod(out.shape, dtype=np.int64))
+    # fully_connected.cc: the batch is the input's size over the weights' depth, and
+    # the output holds batch x units values (a 0-deep layer sizes it from the output).
+    batch = size // depth if depth else (outputs // units if units else 0)
+    if (depth and size % depth) or batch * units != outputs:
+        _refuse(ctx, f"input {tuple(x.shape)}, weights {tuple(w.shape)} and output "
+                     f"{tuple(out.shape)} do not agree")
+    if bias is not None and int(np.prod(bias.shape, dtype=np.int64)) != units:
+        _refuse(ctx, f"bias of shape {tuple(bias.shape)} does not hold {units} values")
+    act, shape = _activation(ctx), tuple(out.shape)
+
+    def run(inputs):
+        weights = np.asarray(inputs[1], np.float32).reshape(units, depth)
+        if depth:
+            y = np.asarray(inputs[0], np.float32).reshape(batch, depth) @ weights.T
+        else:
+            y = np.zeros((batch, units), np.float32)
+        if bias is not None and inputs[2] is not None:
+            y = y + np.asarray(inputs[2], np.float32).reshape(units)
+        return [act(np.asarray(y, np.float32).reshape(shape))]
+    return run
+
+
+_WIDE_INTS = (np.dtype(np.int32), np.dtype(np.int64))
+# The fused activations' integer ranges (CalculateActivationRange for int32/int64).
+_INT_ACTIVATION_BOUNDS = {0: None, 1: (0, None), 2: (-1, 1), 3: (0, 6)}
+
+
+def is_plain_wide_int(t) -> bool:
+    """Whether a segment tensor holds int32 or int64 values without quantization."""
+    return t is not None and numpy_dtype(t.dtype) in _WIDE_INTS and not len(t.scales)
+
+
+def _binary_int(fn):
+    """ADD, SUB, MUL of int32 or int64 tensors (not quantized): the C++ integer
+    operation, which wraps on overflow as NumPy's does, then the fused activation."""
+    def factory(ctx: OpContext):
+        a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+        dtype = ctx.dtype(out)
+        if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype:
+            _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
+                         f"are not one type")
+        code = int(ctx.params.get("fused_activation_function", 0) or 0)
+        if code not in _INT_ACTIVATION_BOUNDS:
+            _refuse(ctx, f"fused activation {code} is not supported for integers")
+        bounds, shape = _INT_ACTIVATION_BOUNDS[code], tuple(out.shape)
+        try:
+            np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+        except ValueError:
+            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+
+        def run(inputs):
+            r = np.asarray(fn(np.asarray(inputs[0], dtype), np.asarray(inputs[1], dtype)), dtype)
+            if bounds is not None:
+                r = np.clip(r, bounds[0], bounds[1])
+            return [r.astype(dtype, copy=False).reshape(shape)]
+        return run
+    return factory
+
+
 def _expf(x: np.ndarray) -> np.ndarray:
     """float32 ``exp`` rounded from double precision, as a correctly rounded ``expf``
     gives it (NumPy's own float32 ``exp`` may be one unit in the last place off)."""
@@ -230,6 +358,33 @@ def arg_extreme(ctx: OpContext):
     return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
 
 
+def gather(ctx: OpContext):
+    params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    if ctx.dtype(indices) not in (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int16)):
+        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
+                     f"supported)")
+    if ctx.dtype(params).kind not in "fiub":
+        _refuse(ctx, f"values of type {params.type_name} are not supported")
+    if int(ctx.params.get("batch_dims", 0) or 0) != 0:
+        _refuse(ctx, "batch_dims other than 0 is not supported")
+    rank = len(params.shape)
+    axis = int(ctx.params.get("axis", 0) or 0)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
+    n, shape, dtype = int(params.shape[axis]), tuple(out.shape), ctx.dtype(out)
+
+    def run(inputs):
+        idx = np.asarray(inputs[1])
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            # TFLite's GATHER fails the invocation; NumPy would wrap negative indices.
+            raise InferenceError(f"GATHER index {int(idx.min() if idx.min() < 0 else idx.max())}"
+                                 f" is out of range for a dimension of {n}")
+        return [np.take(np.asarray(inputs[0]), idx, axis=axis).astype(dtype, copy=False)
+                .reshape(shape)]
+    return run
+
+
 #: Kernels for operators whose tensors are float: picked over the 8-bit kernels of the
 #: simulated Edge TPU when any input or output of the operator is float32 or float16.
 FLOAT_KERNELS = {
@@ -240,10 +395,24 @@ FLOAT_KERNELS = {
     "ADD": _binary(np.add), "SUB": _binary(np.subtract), "MUL": _binary(np.multiply),
     "LOGISTIC": logistic,
     "SOFTMAX": softmax,
+    "RELU": _elementwise(lambda x: np.maximum(x, np.float32(0))),
+    "RELU6": _elementwise(lambda x: np.clip(x, np.float32(0), np.float32(6))),
+    "RELU_N1_TO_1": _elementwise(lambda x: np.clip(x, np.float32(-1), np.float32(1))),
+    "ABS": _elementwise(np.abs), "NEG": _elementwise(np.negative),
+    "TANH": _elementwise(_tanh),
+    "MEAN": mean,
+    "FULLY_CONNECTED": fully_connected,
+}
+
+#: Kernels for operators whose tensors are all int32 or int64 without quantization.
+WIDE_INT_KERNELS = {
+    "ADD": _binary_int(np.add), "SUB": _binary_int(np.subtract),
+    "MUL": _binary_int(np.multiply),
 }
 
 #: Kernels for operators the simulated Edge TPU has none of, whatever their types.
 ANY_TYPE_KERNELS = {
     "DEQUANTIZE": dequantize,
     "ARG_MAX": arg_extreme, "ARG_MIN": arg_extreme,
+    "GATHER": gather,
 }

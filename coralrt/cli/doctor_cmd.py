@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import platform
 import stat
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from coralrt.cli.doctor_compile import (compile_paths_report, format_compile_pat
 from coralrt.cli.doctor_software import check_cpu_backends, check_edgetpu_compiler, check_python
 from coralrt.errors import CoralRTError, DeviceError
 from coralrt.usb import firmware
+from coralrt.wheels import has_wheels, platform_name
 from coralrt.usb.udev import (  # noqa: F401 - part of this command's API
     IDS, RULE_LINES, RULES_DIRS, install_rule_fix, rule_coverage, world_writable,
 )
@@ -45,20 +45,11 @@ __all__ = ["Check", "STATUSES", "RULE_LINES", "RULES_DIRS", "add_parser", "comma
 
 # -- 1. libusb ---------------------------------------------------------------------------
 
-#: (sys.platform, platform.machine()) pairs that libusb-package publishes wheels for; the
-#: same set as the environment marker of its dependency in pyproject.toml.  Elsewhere
-#: coralrt.usb uses the system's libusb-1.0 through pyusb.
-LIBUSB_PACKAGE_WHEEL_PLATFORMS = frozenset({
-    ("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "x86_64"), ("darwin", "arm64"),
-    ("win32", "AMD64"), ("win32", "x86"),
-})
-
-
 def libusb_package_has_wheels(sys_platform: str | None = None,
                               machine: str | None = None) -> bool:
-    """Whether ``pip install libusb-package`` can find a wheel for this platform."""
-    return ((sys_platform or sys.platform), (machine or platform.machine())) \
-        in LIBUSB_PACKAGE_WHEEL_PLATFORMS
+    """Whether ``pip install libusb-package`` can find a wheel for this interpreter;
+    elsewhere coralrt.usb uses the system's libusb-1.0 through pyusb."""
+    return has_wheels("libusb-package", sys_platform, machine)
 
 
 def load_libusb():
@@ -75,7 +66,7 @@ def load_libusb():
     except ImportError:
         reason = "libusb-package is not installed"
         if not libusb_package_has_wheels():
-            reason += f": it has no wheel for {platform.system()} {platform.machine()}"
+            reason += f": it has no wheel for {platform_name()}"
     except Exception as e:  # noqa: BLE001 - reported, then pyusb's own search is tried
         reason = f"libusb-package failed: {e}"
     import usb

@@ -7,10 +7,10 @@ in :mod:`coralrt.cli.doctor_cmd`; these look only at what is installed.
 from __future__ import annotations
 
 import platform
-import sys
 
 from coralrt.cli.doctor_check import Check
 from coralrt.errors import CoralRTError
+from coralrt.wheels import platform_name, python_bits
 
 __all__ = ["check_cpu_backends", "check_edgetpu_compiler", "check_python"]
 
@@ -46,9 +46,9 @@ def check_cpu_backends(report=None, *, has_litert_wheels: bool | None = None) ->
         elif first is None:
             checks.append(Check(name, "fail", f"not usable: {r['reason']}", _LITERT_FIX))
         elif r["name"] == "litert" and not has_litert_wheels:
-            why = (f"ai-edge-litert has no wheels for {_platform_name()}, so it is not "
+            why = (f"ai-edge-litert has no wheels for {platform_name()}, so it is not "
                    f"installed" if "is not installed" in r["reason"] else
-                   f"{r['reason']} (ai-edge-litert has no wheels for {_platform_name()})")
+                   f"{r['reason']} (ai-edge-litert has no wheels for {platform_name()})")
             checks.append(Check(name, "info", f"not usable: {why}; sessions use {first!r} "
                                 f"(docs/backends.md)"))
         elif r["name"] == "litert" and first == "numpy":
@@ -57,10 +57,6 @@ def check_cpu_backends(report=None, *, has_litert_wheels: bool | None = None) ->
         else:
             checks.append(Check(name, "info", f"not usable: {r['reason']}"))
     return checks
-
-
-def _platform_name() -> str:
-    return f"{platform.system() or sys.platform} {platform.machine() or 'unknown'}"
 
 
 def check_edgetpu_compiler(find=None, version=None,
@@ -102,4 +98,4 @@ def check_python() -> Check:
     import numpy as np
     return Check("versions", "info",
                  f"Python {platform.python_version()} ({platform.python_implementation()}, "
-                 f"{platform.machine()} {platform.system()}), NumPy {np.__version__}")
+                 f"{python_bits()}-bit, {platform_name()}), NumPy {np.__version__}")

@@ -16,8 +16,8 @@ from coralrt.sim.runner import SegmentRunner
 
 
 def run_reference(model_bytes: bytes, inputs: list) -> list:
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
+    from conftest import litert_module
+    Interpreter, OpResolverType = litert_module().Interpreter, litert_module().OpResolverType
     interp = Interpreter(model_content=model_bytes,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
     interp.allocate_tensors()

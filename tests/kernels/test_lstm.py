@@ -34,8 +34,8 @@ REAL_MODEL = Path(__file__).resolve().parents[3] / "shared" / "models" / "keras_
 
 def _run_both(data: bytes, batches: list[list[np.ndarray]]):
     """Run consecutive inputs through one LiteRT interpreter and one runner."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
+    from conftest import litert_module
+    Interpreter, OpResolverType = litert_module().Interpreter, litert_module().OpResolverType
     interp = Interpreter(model_content=data,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
     interp.allocate_tensors()
