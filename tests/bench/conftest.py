@@ -47,6 +47,10 @@ RATIOS = [
      "goal >= 10"),
     ("sim", "litert_reference", "ratio sim / LiteRT BUILTIN_REF (median)", "goal < 1"),
     ("sim", "litert_default", "ratio sim / LiteRT default kernels (median)", "for reference"),
+    ("numpy backend mobilenet_v2", "litert backend mobilenet_v2",
+     "ratio numpy backend / LiteRT default, MobileNet v2, 1 thread (median)", "for reference"),
+    ("numpy backend ssd_head", "litert backend ssd_head",
+     "ratio numpy backend / LiteRT default, SSD head, 1 thread (median)", "for reference"),
 ]
 
 #: Interleaved sim-vs-LiteRT benchmarks (test_bench_sim.py): model key ->

@@ -1,0 +1,49 @@
+"""The NumPy CPU backend against LiteRT's default kernels, one thread each.
+
+Both run through ``InferenceSession(target="cpu")`` on the same input in the
+same pytest run; the conftest prints ``numpy / litert`` per model.  Outputs
+are compared as in tests/test_numpy_backend.py: the ratio means nothing if the
+two compute different things (the integer outputs of LiteRT's default kernels
+may differ from the reference kernels' by a few LSB, so the check is loose).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_inputs, shared_model
+
+from coralrt import InferenceSession
+
+pytestmark = pytest.mark.bench
+
+#: key -> shared model; the keys are the ones tests/bench/conftest.py reports.
+MODELS = {"mobilenet_v2": "mobilenet_v2_1.0_224_quant.tflite",
+          "ssd_head": "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"}
+ROUNDS, WARMUP = {"mobilenet_v2": 30, "ssd_head": 100}, 3
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def case(request):
+    path = shared_model(MODELS[request.param])
+    litert = InferenceSession(path, target="cpu", backend="litert", num_threads=1)
+    numpy = InferenceSession(path, target="cpu", backend="numpy", num_threads=1)
+    feed = dict(zip([i.name for i in litert.get_inputs()],
+                    random_inputs(litert.get_inputs(), seed=0)))
+    return request.param, litert, numpy, feed
+
+
+@pytest.mark.parametrize("backend", ["litert", "numpy"])
+def test_numpy_backend_vs_litert(benchmark, record_median, case, backend):
+    key, litert, numpy, feed = case
+    sess = litert if backend == "litert" else numpy
+    benchmark.group = f"{key} cpu 1 thread: numpy backend vs LiteRT"
+    out = benchmark.pedantic(sess.run, args=(feed,), rounds=ROUNDS[key],
+                             warmup_rounds=WARMUP, iterations=1)
+    record_median(f"{backend} backend {key}", benchmark)
+    other = (numpy if backend == "litert" else litert).run(feed)
+    for name, value in out.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, other[name], rtol=1e-2, atol=1e-2)
+        else:
+            assert np.abs(value.astype(np.int64) - other[name].astype(np.int64)).max() <= 3
