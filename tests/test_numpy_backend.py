@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from flatbuffers import flexbuffers
 
-from conftest import litert_module, random_inputs, run_litert, shared_model, shared_model_names
+from conftest import (
+    extra_model_paths, litert_module, random_inputs, run_litert, shared_model, shared_model_names,
+)
 
 from coralrt.backends.numpy_backend import NumpyBackend
 from coralrt.errors import (
@@ -52,9 +54,20 @@ def _inputs(data: bytes, seed: int = 0) -> list:
 # -- every shared model ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", extra_model_paths(compiled=False))
+def test_extra_model_matches_litert_reference(path):
+    """The same on the real models of CORALRT_EXTRA_MODELS (Coral's test data has 17
+    distinct ones that LiteRT runs; MoveNet needs CAST, FLOOR_DIV, GATHER_ND, UNPACK,
+    SQRT, DIV)."""
+    _check_model(path.read_bytes(), path.name)
+
+
 @pytest.mark.parametrize("name", shared_model_names())
 def test_shared_model_matches_litert_reference(name):
-    data = shared_model(name).read_bytes()
+    _check_model(shared_model(name).read_bytes(), name)
+
+
+def _check_model(data: bytes, name: str) -> None:
     inputs = _inputs(data)
     try:
         ref = run_litert(data, inputs, kernels="reference")
@@ -255,6 +268,80 @@ def test_gather(dtype, axis):
     idx = np.random.default_rng(10).integers(0, n, (2, 3)).astype(np.int32)
     ours, ref = _both(b.build().to_bytes(), [idx])
     np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def _binary_model(op, a, b, out_dtype=None, **options):
+    m = ModelBuilder()
+    x = m.input("a", a.shape, a.dtype)
+    y = m.input("b", b.shape, b.dtype)
+    z = m.tensor("z", np.broadcast_shapes(a.shape, b.shape), out_dtype or a.dtype)
+    m.op(op, [x, y], [z], **options)
+    m.output(z)
+    return m.build().to_bytes()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_floor_div(dtype):
+    rng = np.random.default_rng(12)
+    a = rng.integers(-50, 50, (3, 8)).astype(dtype)
+    b = rng.choice([-7, -3, -1, 1, 2, 5], (3, 8)).astype(dtype)
+    ours, ref = _both(_binary_model("FLOOR_DIV", a, b), [a, b])
+    np.testing.assert_array_equal(ours[0], ref[0])
+    if dtype == np.int32:
+        with pytest.raises(InferenceError, match="division by zero"):
+            NumpyBackend().load(_binary_model("FLOOR_DIV", a, b)).run([a, b * 0])
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
+def test_wide_int_arithmetic(op):
+    rng = np.random.default_rng(13)
+    a = rng.integers(-2**31, 2**31, (2, 5), dtype=np.int64).astype(np.int32)   # wraps
+    b = rng.integers(-2**31, 2**31, (1, 5), dtype=np.int64).astype(np.int32)
+    ours, ref = _both(_binary_model(op, a, b, fused_activation_function="RELU"), [a, b])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def test_div_and_sqrt_float():
+    rng = np.random.default_rng(14)
+    a = (rng.standard_normal((4, 9)) * 3).astype(np.float32)
+    b = (rng.standard_normal((1, 9)) + 3).astype(np.float32)
+    ours, ref = _both(_binary_model("DIV", a, b), [a, b])
+    np.testing.assert_array_equal(ours[0], ref[0])
+    data = _unary("SQRT", ((2, 100), np.float32, {}), ((2, 100), np.float32, {}))
+    x = np.linspace(0, 50, 200, dtype=np.float32).reshape(2, 100)
+    ours, ref = _both(data, [x])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+@pytest.mark.parametrize("src,dst", [(np.uint8, np.float32), (np.int32, np.float32),
+                                     (np.float32, np.int32), (np.int8, np.int32)])
+def test_cast(src, dst):
+    x = np.linspace(-300.7, 300.7, 64).reshape(1, 64)
+    x = x.astype(src) if np.dtype(src).kind == "f" else \
+        np.clip(x, np.iinfo(src).min, np.iinfo(src).max).astype(src)
+    data = _unary("CAST", ((1, 64), src, {}), ((1, 64), dst, {}))
+    ours, ref = _both(data, [x])
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
+def test_unpack_and_gather_nd():
+    m = ModelBuilder()
+    x = m.input("x", (3, 4, 5), np.int8, scale=0.1, zero_point=2)
+    idx = m.input("i", (2, 2), np.int32)
+    parts = [m.tensor(f"p{k}", (3, 5), np.int8, scale=0.1, zero_point=2) for k in range(4)]
+    g = m.tensor("g", (2, 5), np.int8, scale=0.1, zero_point=2)
+    m.op("UNPACK", [x], parts, num=4, axis=1)
+    m.op("GATHER_ND", [x, idx], [g])
+    for t in (*parts, g):
+        m.output(t)
+    data = m.build().to_bytes()
+    v = np.random.default_rng(15).integers(-128, 128, (3, 4, 5)).astype(np.int8)
+    i = np.array([[2, 3], [0, 1]], np.int32)
+    ours, ref = _both(data, [v, i])
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(InferenceError, match="GATHER_ND index 4 is out of range"):
+        NumpyBackend().load(data).run([v, np.array([[2, 4], [0, 1]], np.int32)])
 
 
 def test_state_the_model_also_returns_carries_over():

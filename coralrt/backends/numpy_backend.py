@@ -9,12 +9,13 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 * Operators with a float32 (or float16) input or output run on the float
   kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
   RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
-  RELU_N1_TO_1, ABS, NEG, TANH, MEAN, FULLY_CONNECTED), and the SSD
+  RELU_N1_TO_1, ABS, NEG, TANH, SQRT, DIV, MEAN, FULLY_CONNECTED), and the SSD
   post-processing operator on :mod:`coralrt.backends.numpy_detect`.  Float
   outputs match ``BUILTIN_REF`` within the tolerances stated there (most are
   bit-exact), integer outputs exactly.
-* GATHER, ARG_MAX and ARG_MIN (any type), and ADD, SUB, MUL of plain int32 or
-  int64 tensors, are in the same module.
+* GATHER, GATHER_ND, UNPACK, CAST, FLOOR_DIV, ARG_MAX and ARG_MIN (any type),
+  and ADD, SUB, MUL of plain int32 or int64 tensors, are in
+  :mod:`coralrt.backends.numpy_index`.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
@@ -47,9 +48,8 @@ from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_kernels import (
-    ANY_TYPE_KERNELS, FLOAT_KERNELS, WIDE_INT_KERNELS, is_float, is_plain_wide_int,
-)
+from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, is_plain_wide_int
+from .numpy_kernels import FLOAT_KERNELS, is_float
 
 __all__ = ["NumpyBackend", "NumpyProgram"]
 

@@ -13,20 +13,14 @@ What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
 * DEQUANTIZE 8-bit -> float32: ``float(double(scale) * (q - zero_point))``:
   bit-exact; float16 -> float32 is a widening: bit-exact.
 * RESHAPE/SQUEEZE/EXPAND_DIMS, CONCATENATION: data movement: bit-exact.
-* ADD, SUB, MUL (float32, broadcasting, fused activation): one float32
-  operation per element: bit-exact.
+* ADD, SUB, MUL, DIV (float32, broadcasting, fused activation): one float32
+  operation per element: bit-exact.  SQRT: correctly rounded: bit-exact.
 * LOGISTIC: the reference's cut-offs (``x > 16.619...`` -> 1, ``x < -9`` ->
   ``exp(x)``) around ``1 / (1 + exp(-x))`` in float32, ``exp`` rounded from
   double precision as the C library's ``expf``; SOFTMAX: ``exp((x - max) *
   beta) / sum``.  Measured bit-exact on the tests' inputs, but ``exp`` and the
   order of the sum may differ from LiteRT's in the last bit: the tests assert
   ``rtol=1e-5, atol=1e-6``.
-* ADD, SUB, MUL of int32/int64 tensors without quantization: the integer
-  operation (wrapping on overflow, as the C++ kernels do in practice) and the
-  fused activation's integer range: bit-exact.
-* ARG_MAX/ARG_MIN (any input type): the first extreme index, bit-exact.
-* GATHER (any value type, batch_dims 0): data movement, bit-exact; an index
-  out of range fails the run with InferenceError, as it fails TFLite's.
 * RELU, RELU6, RELU_N1_TO_1, ABS, NEG: bit-exact.  TANH: ``tanh`` in double
   precision rounded to float32 (LiteRT's may differ in the last bits).
 * MEAN over constant axes and FULLY_CONNECTED (float32 weights, DEFAULT
@@ -35,19 +29,20 @@ What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
   FULLY_CONNECTED on unit-scale data.  Float operators with 8-bit weights
   (dynamic-range quantization) are refused at load.
 
-The SSD post-processing operator is in :mod:`coralrt.backends.numpy_detect`.
+The SSD post-processing operator is in :mod:`coralrt.backends.numpy_detect`; the
+kernels that take any type (GATHER, CAST, UNPACK, ARG_MAX...) are in
+:mod:`coralrt.backends.numpy_index`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from coralrt.errors import InferenceError, ModelError
+from coralrt.errors import ModelError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext
 
-__all__ = ["FLOAT_KERNELS", "WIDE_INT_KERNELS", "ANY_TYPE_KERNELS", "is_float",
-           "is_plain_wide_int"]
+__all__ = ["FLOAT_KERNELS", "is_float", "quantize", "dequantize"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -270,43 +265,6 @@ def fully_connected(ctx: OpContext):
     return run
 
 
-_WIDE_INTS = (np.dtype(np.int32), np.dtype(np.int64))
-# The fused activations' integer ranges (CalculateActivationRange for int32/int64).
-_INT_ACTIVATION_BOUNDS = {0: None, 1: (0, None), 2: (-1, 1), 3: (0, 6)}
-
-
-def is_plain_wide_int(t) -> bool:
-    """Whether a segment tensor holds int32 or int64 values without quantization."""
-    return t is not None and numpy_dtype(t.dtype) in _WIDE_INTS and not len(t.scales)
-
-
-def _binary_int(fn):
-    """ADD, SUB, MUL of int32 or int64 tensors (not quantized): the C++ integer
-    operation, which wraps on overflow as NumPy's does, then the fused activation."""
-    def factory(ctx: OpContext):
-        a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-        dtype = ctx.dtype(out)
-        if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype:
-            _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
-                         f"are not one type")
-        code = int(ctx.params.get("fused_activation_function", 0) or 0)
-        if code not in _INT_ACTIVATION_BOUNDS:
-            _refuse(ctx, f"fused activation {code} is not supported for integers")
-        bounds, shape = _INT_ACTIVATION_BOUNDS[code], tuple(out.shape)
-        try:
-            np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
-        except ValueError:
-            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
-
-        def run(inputs):
-            r = np.asarray(fn(np.asarray(inputs[0], dtype), np.asarray(inputs[1], dtype)), dtype)
-            if bounds is not None:
-                r = np.clip(r, bounds[0], bounds[1])
-            return [r.astype(dtype, copy=False).reshape(shape)]
-        return run
-    return factory
-
-
 def _expf(x: np.ndarray) -> np.ndarray:
     """float32 ``exp`` rounded from double precision, as a correctly rounded ``expf``
     gives it (NumPy's own float32 ``exp`` may be one unit in the last place off)."""
@@ -340,51 +298,6 @@ def softmax(ctx: OpContext):
     return run
 
 
-def arg_extreme(ctx: OpContext):
-    x, out = ctx.inputs[0], ctx.outputs[0]
-    axis_values = ctx.const(1)
-    if axis_values is None or np.asarray(axis_values).size != 1:
-        _refuse(ctx, "the axis (input 1) must be a constant holding one value")
-    rank = len(x.shape)
-    axis = int(np.asarray(axis_values).reshape(-1)[0])
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < rank:
-        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
-    dtype = ctx.dtype(out)
-    if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-        _refuse(ctx, f"output type {out.type_name} is not INT32 or INT64")
-    fn = np.argmax if ctx.op.name == "ARG_MAX" else np.argmin
-    shape = tuple(out.shape)
-    return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
-
-
-def gather(ctx: OpContext):
-    params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    if ctx.dtype(indices) not in (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int16)):
-        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
-                     f"supported)")
-    if ctx.dtype(params).kind not in "fiub":
-        _refuse(ctx, f"values of type {params.type_name} are not supported")
-    if int(ctx.params.get("batch_dims", 0) or 0) != 0:
-        _refuse(ctx, "batch_dims other than 0 is not supported")
-    rank = len(params.shape)
-    axis = int(ctx.params.get("axis", 0) or 0)
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < rank:
-        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
-    n, shape, dtype = int(params.shape[axis]), tuple(out.shape), ctx.dtype(out)
-
-    def run(inputs):
-        idx = np.asarray(inputs[1])
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            # TFLite's GATHER fails the invocation; NumPy would wrap negative indices.
-            raise InferenceError(f"GATHER index {int(idx.min() if idx.min() < 0 else idx.max())}"
-                                 f" is out of range for a dimension of {n}")
-        return [np.take(np.asarray(inputs[0]), idx, axis=axis).astype(dtype, copy=False)
-                .reshape(shape)]
-    return run
-
-
 #: Kernels for operators whose tensors are float: picked over the 8-bit kernels of the
 #: simulated Edge TPU when any input or output of the operator is float32 or float16.
 FLOAT_KERNELS = {
@@ -402,17 +315,6 @@ FLOAT_KERNELS = {
     "TANH": _elementwise(_tanh),
     "MEAN": mean,
     "FULLY_CONNECTED": fully_connected,
-}
-
-#: Kernels for operators whose tensors are all int32 or int64 without quantization.
-WIDE_INT_KERNELS = {
-    "ADD": _binary_int(np.add), "SUB": _binary_int(np.subtract),
-    "MUL": _binary_int(np.multiply),
-}
-
-#: Kernels for operators the simulated Edge TPU has none of, whatever their types.
-ANY_TYPE_KERNELS = {
-    "DEQUANTIZE": dequantize,
-    "ARG_MAX": arg_extreme, "ARG_MIN": arg_extreme,
-    "GATHER": gather,
+    "DIV": _binary(np.divide),
+    "SQRT": _elementwise(np.sqrt),
 }

@@ -1,0 +1,220 @@
+"""Kernels of the NumPy CPU backend that take any type: indexing, casts, and
+integer arithmetic on plain (not quantized) int32/int64 tensors.
+
+Factories in the form of :mod:`coralrt.backends.numpy_kernels`; what they
+follow (TFLite's reference kernels), all bit-exact:
+
+* ARG_MAX/ARG_MIN: the first extreme index.
+* GATHER (batch_dims 0) and GATHER_ND: data movement; an index out of range
+  fails the run with InferenceError, as it fails TFLite's.
+* UNPACK: data movement.
+* CAST: ``static_cast`` of the stored values (quantization ignored, as TFLite
+  does); float to integer truncates toward zero.  Values a C cast leaves
+  undefined (NaN, out of range) give NumPy's answer.
+* ADD, SUB, MUL of int32/int64 tensors: the integer operation (wrapping on
+  overflow, as the C++ kernels do in practice) and the fused activation's
+  integer range.  FLOOR_DIV of int32/int64 (floor of the quotient; a zero
+  divisor fails the run, as in TFLite) or float32 (``floor(a / b)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coralrt.errors import InferenceError
+from coralrt.model.types import numpy_dtype
+from coralrt.sim.kernels import OpContext
+
+from .numpy_kernels import _refuse, dequantize
+
+__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "is_plain_wide_int"]
+
+_INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _axis(ctx: OpContext, axis: int, rank: int) -> int:
+    k = axis + rank if axis < 0 else axis
+    if not 0 <= k < max(rank, 1):
+        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
+    return k
+
+
+def _out_of_range(op: str, idx: np.ndarray, n) -> None:
+    # TFLite fails the invocation; NumPy would wrap negative indices.
+    bad = idx[(idx < 0) | (idx >= n)]
+    if bad.size:
+        raise InferenceError(f"{op} index {int(bad.reshape(-1)[0])} is out of range for a "
+                             f"dimension of {int(np.max(n)) if np.ndim(n) else int(n)}")
+
+
+_WIDE_INTS = (np.dtype(np.int32), np.dtype(np.int64))
+# The fused activations' integer ranges (CalculateActivationRange for int32/int64).
+_INT_ACTIVATION_BOUNDS = {0: None, 1: (0, None), 2: (-1, 1), 3: (0, 6)}
+
+
+def is_plain_wide_int(t) -> bool:
+    """Whether a segment tensor holds int32 or int64 values without quantization."""
+    return t is not None and numpy_dtype(t.dtype) in _WIDE_INTS and not len(t.scales)
+
+
+def _binary_int(fn):
+    """ADD, SUB, MUL of int32 or int64 tensors (not quantized): the C++ integer
+    operation, which wraps on overflow as NumPy's does, then the fused activation."""
+    def factory(ctx: OpContext):
+        a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+        dtype = ctx.dtype(out)
+        if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype:
+            _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
+                         f"are not one type")
+        code = int(ctx.params.get("fused_activation_function", 0) or 0)
+        if code not in _INT_ACTIVATION_BOUNDS:
+            _refuse(ctx, f"fused activation {code} is not supported for integers")
+        bounds, shape = _INT_ACTIVATION_BOUNDS[code], tuple(out.shape)
+        try:
+            np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+        except ValueError:
+            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+
+        def run(inputs):
+            r = np.asarray(fn(np.asarray(inputs[0], dtype), np.asarray(inputs[1], dtype)), dtype)
+            if bounds is not None:
+                r = np.clip(r, bounds[0], bounds[1])
+            return [r.astype(dtype, copy=False).reshape(shape)]
+        return run
+    return factory
+
+
+def arg_extreme(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    axis_values = ctx.const(1)
+    if axis_values is None or np.asarray(axis_values).size != 1:
+        _refuse(ctx, "the axis (input 1) must be a constant holding one value")
+    rank = len(x.shape)
+    axis = int(np.asarray(axis_values).reshape(-1)[0])
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
+    dtype = ctx.dtype(out)
+    if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        _refuse(ctx, f"output type {out.type_name} is not INT32 or INT64")
+    fn = np.argmax if ctx.op.name == "ARG_MAX" else np.argmin
+    shape = tuple(out.shape)
+    return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
+
+
+def gather(ctx: OpContext):
+    params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    if ctx.dtype(indices) not in _INDEX_TYPES:
+        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
+                     f"supported)")
+    if ctx.dtype(params).kind not in "fiub":
+        _refuse(ctx, f"values of type {params.type_name} are not supported")
+    if int(ctx.params.get("batch_dims", 0) or 0) != 0:
+        _refuse(ctx, "batch_dims other than 0 is not supported")
+    rank = len(params.shape)
+    axis = int(ctx.params.get("axis", 0) or 0)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
+    n, shape, dtype = int(params.shape[axis]), tuple(out.shape), ctx.dtype(out)
+
+    def run(inputs):
+        idx = np.asarray(inputs[1])
+        _out_of_range("GATHER", idx, n)
+        return [np.take(np.asarray(inputs[0]), idx, axis=axis).astype(dtype, copy=False)
+                .reshape(shape)]
+    return run
+
+
+def gather_nd(ctx: OpContext):
+    params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    if ctx.dtype(indices) not in _INDEX_TYPES:
+        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
+                     f"supported)")
+    if ctx.dtype(params).kind not in "fiub":
+        _refuse(ctx, f"values of type {params.type_name} are not supported")
+    depth = int(indices.shape[-1]) if len(indices.shape) else 0
+    if not 0 < depth <= len(params.shape):
+        _refuse(ctx, f"index depth {depth} does not fit values of rank {len(params.shape)}")
+    limits = np.array(params.shape[:depth], np.int64)
+    shape, dtype = tuple(out.shape), ctx.dtype(out)
+
+    def run(inputs):
+        idx = np.asarray(inputs[1]).astype(np.int64).reshape(-1, depth)
+        _out_of_range("GATHER_ND", idx, limits)
+        values = np.asarray(inputs[0])[tuple(idx.T)]
+        return [values.astype(dtype, copy=False).reshape(shape)]
+    return run
+
+
+def unpack(ctx: OpContext):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    axis = _axis(ctx, int(ctx.params.get("axis", 0) or 0), rank)
+    if int(x.shape[axis]) != len(ctx.outputs):
+        _refuse(ctx, f"{len(ctx.outputs)} outputs for a dimension of {x.shape[axis]}")
+    shapes = [tuple(t.shape) for t in ctx.outputs]
+    dtypes = [ctx.dtype(t) for t in ctx.outputs]
+
+    def run(inputs):
+        v = np.asarray(inputs[0])
+        return [np.take(v, k, axis=axis).astype(d, copy=False).reshape(s)
+                for k, (s, d) in enumerate(zip(shapes, dtypes))]
+    return run
+
+
+def cast(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    src, dst = ctx.dtype(x), ctx.dtype(out)
+    if src.kind not in "fiub" or dst.kind not in "fiub":
+        _refuse(ctx, f"casting {x.type_name} to {out.type_name} is not supported")
+    shape = tuple(out.shape)
+
+    def run(inputs):
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = np.asarray(inputs[0])
+            if dst.kind == "b":
+                r = v != 0
+            else:
+                r = v.astype(dst)          # float -> int truncates toward zero, as C
+        return [r.reshape(shape)]
+    return run
+
+
+def floor_div(ctx: OpContext):
+    a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    dtype = ctx.dtype(out)
+    if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype or \
+            dtype not in (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32)):
+        _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name}: "
+                     f"INT32, INT64 or FLOAT32, one type, are supported")
+    shape = tuple(out.shape)
+
+    def run(inputs):
+        x, y = np.asarray(inputs[0], dtype), np.asarray(inputs[1], dtype)
+        if dtype.kind == "f":
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                r = np.floor(x / y)
+        else:
+            if np.any(y == 0):
+                raise InferenceError("FLOOR_DIV: division by zero")
+            r = np.floor_divide(x, y)
+        return [np.asarray(r, dtype).reshape(shape)]
+    return run
+
+
+#: Kernels for operators whose tensors are all int32 or int64 without quantization.
+WIDE_INT_KERNELS = {
+    "ADD": _binary_int(np.add), "SUB": _binary_int(np.subtract),
+    "MUL": _binary_int(np.multiply),
+}
+
+#: Kernels for operators the simulated Edge TPU has none of, whatever their types.
+ANY_TYPE_KERNELS = {
+    "DEQUANTIZE": dequantize,
+    "ARG_MAX": arg_extreme, "ARG_MIN": arg_extreme,
+    "GATHER": gather, "GATHER_ND": gather_nd,
+    "UNPACK": unpack,
+    "CAST": cast,
+    "FLOOR_DIV": floor_div,
+}
