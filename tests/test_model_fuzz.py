@@ -38,7 +38,7 @@ class Worker:
     def __init__(self):
         self.proc = None
 
-    def ask(self, path: Path, target: str = "cpu") -> str:
+    def ask(self, path: Path, target: str = "cpu", backend: str = "") -> str:
         if self.proc is None or self.proc.poll() is not None:
             # No compile cache: each mutated model would only add an entry.
             env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CORALRT_CACHE="0")
@@ -46,7 +46,7 @@ class Worker:
                 [sys.executable, "-m", "tests.support.fuzz_worker"], cwd=REPO_ROOT, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True)
-        self.proc.stdin.write(f"{path}\t{target}\n")
+        self.proc.stdin.write(f"{path}\t{target}\t{backend}\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], CASE_TIMEOUT)
         if not ready:
@@ -153,3 +153,18 @@ def test_rewired_operators_end_cleanly(worker, tmp_path, case):
     answer = worker.ask(path)
     assert answer == "OK" or answer.startswith(("ModelError ", "InferenceError ")), (
         f"{kind} mutation of {name} ended with: {answer[:2000]}")
+
+
+# The NumPy backend's own kernels, on the same mutations (the rest of the path is shared).
+@settings(max_examples=int(os.environ.get("CORALRT_FUZZ_NUMPY_EXAMPLES", "300")),
+          deadline=None, derandomize=bool(os.environ.get("CI")),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(case=st.one_of(rewired(), mutated().map(lambda c: (c[0], "bytes", c[1]))))
+def test_mutations_end_cleanly_on_the_numpy_backend(worker, tmp_path, case):
+    name, kind, data = case
+    path = tmp_path / "case.tflite"
+    path.write_bytes(data)
+    answer = worker.ask(path, "cpu", "numpy")
+    assert answer == "OK" or answer.startswith(("ModelError ", "InferenceError ")), (
+        f"{kind} mutation of {name} on the numpy backend ended with: {answer[:2000]}")

@@ -364,10 +364,11 @@ def test_state_the_model_also_returns_carries_over():
         _compare(ours, [interp.get_tensor(d["index"]) for d in interp.get_output_details()])
 
 
-def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes: int = 5):
+def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes: int = 5,
+                     max_det: int = 7, per_class: int = 4):
     opts = flexbuffers.Dumps({
-        "max_detections": 7, "max_classes_per_detection": per_detection,
-        "detections_per_class": 4, "use_regular_nms": regular, "num_classes": classes,
+        "max_detections": max_det, "max_classes_per_detection": per_detection,
+        "detections_per_class": per_class, "use_regular_nms": regular, "num_classes": classes,
         "nms_score_threshold": 0.25, "nms_iou_threshold": 0.5,
         "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0})
     rng = np.random.default_rng(6)
@@ -393,6 +394,15 @@ def test_detection_postprocess_float(regular, per_detection):
     ours, ref = _both(data, inputs)
     _compare(ours, ref)
     assert ours[3][0] > 0
+
+
+@pytest.mark.parametrize("regular", [False, True])
+def test_detection_postprocess_crowded(regular):
+    """500 overlapping boxes and up to 40 detections: most candidates are suppressed."""
+    data, inputs = _detection_model(regular, 1, boxes=500, max_det=40, per_class=40)
+    ours, ref = _both(data, inputs)
+    _compare(ours, ref)
+    assert 10 < ours[3][0] <= 40
 
 
 # -- what the backend refuses or checks ---------------------------------------------------

@@ -65,11 +65,9 @@ def _dequantizer(ctx: OpContext, t):
     _refuse(f"tensor {t.name!r} is {t.type_name}; FLOAT32, UINT8 or INT8 are supported")
 
 
-def _iou_row(boxes: np.ndarray, i: int, others: np.ndarray) -> np.ndarray:
-    """IoU of box ``i`` with ``others`` (indices), in float32 as LiteRT computes it."""
-    b, o = boxes[i], boxes[others]
-    area_i = (b[2] - b[0]) * (b[3] - b[1])
-    area_o = (o[:, 2] - o[:, 0]) * (o[:, 3] - o[:, 1])
+def _iou_row(b: np.ndarray, area_i, o: np.ndarray, area_o: np.ndarray) -> np.ndarray:
+    """IoU of box ``b`` (area ``area_i``) with the boxes ``o`` (areas ``area_o``),
+    in float32 as LiteRT computes it."""
     zero = np.float32(0)
     ih = np.maximum(np.minimum(b[2], o[:, 2]) - np.maximum(b[0], o[:, 0]), zero)
     iw = np.maximum(np.minimum(b[3], o[:, 3]) - np.maximum(b[1], o[:, 1]), zero)
@@ -85,19 +83,22 @@ def _nms_single(boxes, scores, threshold, iou_threshold, limit) -> list[int]:
     """Indices of the boxes single-class NMS keeps, best first."""
     keep = np.flatnonzero(scores >= threshold)
     order = keep[np.argsort(-scores[keep], kind="stable")]
+    # The candidates in score order, with their areas, gathered once.  A box
+    # already suppressed stays so, so each step compares with every later one.
+    cand = boxes[order]
+    areas = (cand[:, 2] - cand[:, 0]) * (cand[:, 3] - cand[:, 1])
     active = np.ones(len(order), bool)
     selected: list[int] = []
-    for i in range(len(order)):
-        if len(selected) >= limit:
-            break
+    i = 0
+    while len(selected) < limit and i < len(order):
+        i += int(np.argmax(active[i:]))        # the next box not yet suppressed
         if not active[i]:
-            continue
+            break                              # none is left
         selected.append(int(order[i]))
-        active[i] = False
-        rest = i + 1 + np.flatnonzero(active[i + 1:])
-        if rest.size:
-            iou = _iou_row(boxes, int(order[i]), order[rest])
-            active[rest[iou > iou_threshold]] = False
+        if i + 1 < len(order):
+            iou = _iou_row(cand[i], areas[i], cand[i + 1:], areas[i + 1:])
+            active[i + 1:] &= ~(iou > iou_threshold)
+        i += 1
     return selected
 
 

@@ -102,20 +102,24 @@ def arg_extreme(ctx: OpContext):
     return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
 
 
-def gather(ctx: OpContext):
+def _gather_operands(ctx: OpContext):
+    """(values, indices, output) of GATHER or GATHER_ND, their types checked."""
     params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     if ctx.dtype(indices) not in _INDEX_TYPES:
         _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
                      f"supported)")
     if ctx.dtype(params).kind not in "fiub":
         _refuse(ctx, f"values of type {params.type_name} are not supported")
+    return params, indices, out
+
+
+def gather(ctx: OpContext):
+    params, indices, out = _gather_operands(ctx)
     if int(ctx.params.get("batch_dims", 0) or 0) != 0:
         _refuse(ctx, "batch_dims other than 0 is not supported")
-    rank = len(params.shape)
-    axis = int(ctx.params.get("axis", 0) or 0)
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < rank:
-        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
+    if not len(params.shape):
+        _refuse(ctx, "the values are a scalar; GATHER needs at least one dimension")
+    axis = _axis(ctx, int(ctx.params.get("axis", 0) or 0), len(params.shape))
     n, shape, dtype = int(params.shape[axis]), tuple(out.shape), ctx.dtype(out)
 
     def run(inputs):
@@ -127,12 +131,7 @@ def gather(ctx: OpContext):
 
 
 def gather_nd(ctx: OpContext):
-    params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    if ctx.dtype(indices) not in _INDEX_TYPES:
-        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
-                     f"supported)")
-    if ctx.dtype(params).kind not in "fiub":
-        _refuse(ctx, f"values of type {params.type_name} are not supported")
+    params, indices, out = _gather_operands(ctx)
     depth = int(indices.shape[-1]) if len(indices.shape) else 0
     if not 0 < depth <= len(params.shape):
         _refuse(ctx, f"index depth {depth} does not fit values of rank {len(params.shape)}")

@@ -36,9 +36,11 @@ def _feeds(session):
 
 def main() -> None:
     for line in sys.stdin:
-        path, _, target = line.strip().partition("\t")
+        path, _, rest = line.strip().partition("\t")
+        target, _, backend = rest.partition("\t")
         try:
-            session = InferenceSession(path, target=target or "cpu", num_threads=1)
+            session = InferenceSession(path, target=target or "cpu", num_threads=1,
+                                       backend=backend or None)
             session.run(_feeds(session))
             answer = "OK"
         except ModelError as e:
