@@ -24,14 +24,14 @@ test: $(STAMP)
 	$(VPY) -m pytest -q --ignore=tests/bench
 
 # The suite as on a board without LiteRT wheels: a second venv with ai-edge-litert
-# uninstalled; every test runs on the NumPy backend except those that compare
+# and libusb-package uninstalled (pyusb then loads the system's libusb-1.0); every test runs on the NumPy backend except those that compare
 # against LiteRT or need what it lacks, which skip with the reason (tests/conftest.py).
 NOLITERT ?= .venv-nolitert
 test-nolitert:
 	$(PYTHON) -m venv $(NOLITERT)
 	$(NOLITERT)/bin/python -m pip install -q --upgrade pip
 	$(NOLITERT)/bin/python -m pip install -q -e '.[dev]'
-	$(NOLITERT)/bin/python -m pip uninstall -y -q ai-edge-litert
+	$(NOLITERT)/bin/python -m pip uninstall -y -q ai-edge-litert libusb-package
 	$(NOLITERT)/bin/python -m pytest -q --ignore=tests/bench
 
 bench: $(STAMP)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -202,3 +203,40 @@ def _check_compat_hook(py: Path, cwd: Path, env: dict) -> None:
     script.write_text(_SPAWN)
     out = _run([py, script], cwd=cwd, env={**off, "CORALRT_COMPAT": "1"}).stdout
     assert out.strip() == "coralrt.pycoral.utils.edgetpu"
+
+
+def _would_install(argv_prefix: list, wheel: Path, tmp: Path, env: dict) -> set[str]:
+    """The distributions ``pip install <wheel>`` would install (a dry run, resolved
+    for an empty x86-64 target, so what this venv holds does not matter)."""
+    report = tmp / f"report-{len(argv_prefix)}.json"
+    _run([*argv_prefix, sys.executable, "-m", "pip", "install", "--dry-run",
+          "--disable-pip-version-check", "--ignore-installed", "--quiet", "--report", report,
+          "--only-binary=:all:", "--platform", "manylinux_2_17_x86_64",
+          "--target", tmp / "target", wheel], cwd=tmp, env=env)
+    return {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+
+
+@pytest.mark.skipif(shutil.which("linux32") is None or platform.machine() != "x86_64",
+                    reason="needs linux32 (util-linux) on an x86-64 Linux kernel")
+def test_pip_under_the_32_bit_personality_skips_the_native_wheels(tmp_path):
+    """The Pi guide's command for a 32-bit OS on a 64-bit kernel, `linux32 pip install
+    coralrt-*.whl`: pip itself evaluates the markers with the kernel's 32-bit machine
+    name and leaves out ai-edge-litert and libusb-package.  Checked with the x86-64
+    kernel's personality (i686); on an arm64 kernel it is armv8l, which the markers
+    exclude the same way (tests/test_backend_choice.py)."""
+    env = _env(tmp_path / "coralrt-cache")
+    why = _index_reachable(tmp_path / "probe", env)
+    if why is not None:
+        pytest.skip(f"the package index is unreachable: {why}")
+    src = tmp_path / "src"
+    shutil.copytree(REPO_ROOT, src, ignore=_IGNORE, symlinks=True)
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", tmp_path / "dist", src],
+         cwd=tmp_path, env=env)
+    (wheel,) = (tmp_path / "dist").glob("coralrt-*-py3-none-any.whl")
+    native = {"ai-edge-litert", "libusb-package"}
+    plain = _would_install([], wheel, tmp_path, env)
+    personality = _would_install(["linux32"], wheel, tmp_path, env)
+    core = {"coralrt", "numpy", "pyusb", "pluggy", "flatbuffers", "filelock", "platformdirs"}
+    assert native | core <= plain, plain
+    # Only the native wheels (and what they alone pull in, e.g. LiteRT's tqdm) go.
+    assert core <= personality <= plain and not personality & native, (plain, personality)
