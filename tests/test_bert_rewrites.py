@@ -91,8 +91,6 @@ def test_i_gelu_changes_results_little(bert):
     assert 0 < worst <= 10          # measured 7 (tiny) and 5 (wide) over 30 inputs
 
 
-@pytest.mark.needs_litert("attention's int8 BATCH_MATMUL stays on the CPU, and the numpy backend "
-                          "has no kernel for it")
 def test_sim_runs_the_rewritten_graph_bit_exactly(bert):
     """target='sim' (Edge TPU segments simulated, the rest in LiteRT's reference
     kernels) against LiteRT's reference kernels on the whole rewritten model."""

@@ -26,6 +26,7 @@ from coralrt.errors import (
 from coralrt.formats.segment import build_segment
 from coralrt.model import load_model
 from coralrt.model.builder import ModelBuilder
+from coralrt.model.types import numpy_dtype
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}
 SSD_HEAD = "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"
@@ -344,6 +345,82 @@ def test_unpack_and_gather_nd():
         NumpyBackend().load(data).run([v, np.array([[2, 4], [0, 1]], np.int32)])
 
 
+@pytest.mark.parametrize("adj_x,adj_y", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_batch_matmul(dtype, adj_x, adj_y):
+    rng = np.random.default_rng(16)
+    a_shape = (2, 3, 24, 5) if adj_x else (2, 3, 5, 24)
+    b_shape = (1, 3, 7, 24) if adj_y else (1, 3, 24, 7)       # batch 1 broadcasts
+    m = ModelBuilder()
+    qa = {"scale": 0.05, "zero_point": 3} if dtype == np.int8 else {}
+    qb = {"scale": 0.02, "zero_point": -9} if dtype == np.int8 else {}
+    qo = {"scale": 0.09, "zero_point": -4} if dtype == np.int8 else {}
+    a = m.input("a", a_shape, dtype, **qa)
+    b = m.input("b", b_shape, dtype, **qb)
+    y = m.tensor("y", (2, 3, 5, 7), dtype, **qo)
+    m.op("BATCH_MATMUL", [a, b], [y], adj_x=adj_x, adj_y=adj_y)
+    m.output(y)
+    if dtype == np.int8:
+        inputs = [rng.integers(-128, 128, s).astype(np.int8) for s in (a_shape, b_shape)]
+    else:
+        inputs = [rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape)]
+    ours, ref = _both(m.build().to_bytes(), inputs)
+    if dtype == np.int8:
+        np.testing.assert_array_equal(ours[0], ref[0])
+        assert len(np.unique(ours[0])) > 50             # not saturated
+    else:
+        np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_abs_int8():
+    rng = np.random.default_rng(19)
+    for trial in range(12):
+        q_in = {"scale": float(rng.uniform(0.005, 0.1)), "zero_point": int(rng.integers(-30, 30))}
+        q_out = dict(q_in, zero_point=-128) if trial % 4 == 0 else \
+            {"scale": float(rng.uniform(0.005, 0.1)), "zero_point": int(rng.integers(-128, -60))}
+        data = _unary("ABS", ((1, 256), np.int8, q_in), ((1, 256), np.int8, q_out))
+        x = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)       # every code
+        ours, ref = _both(data, [x])
+        np.testing.assert_array_equal(ours[0], ref[0], err_msg=f"{q_in} {q_out}")
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float32])
+def test_gelu(dtype, approximate):
+    rng = np.random.default_rng(17)
+    for trial in range(1 if dtype == np.float32 else 12):
+        q_in = {"scale": float(rng.uniform(0.005, 0.3)),
+                "zero_point": int(rng.integers(-20, 20)) + (128 if dtype == np.uint8 else 0)}
+        q_out = {"scale": float(rng.uniform(0.005, 0.08)),
+                 "zero_point": int(rng.integers(-128, -60)) + (128 if dtype == np.uint8 else 0)}
+        if dtype == np.float32:
+            q_in = q_out = {}
+        data = _unary("GELU", ((1, 256), dtype, q_in), ((1, 256), dtype, q_out),
+                      approximate=approximate)
+        if dtype == np.float32:
+            x = np.linspace(-8, 8, 256, dtype=np.float32).reshape(1, 256)
+        else:     # every code
+            x = np.arange(256, dtype=np.uint8).view(dtype).reshape(1, 256)
+        ours, ref = _both(data, [x])
+        if dtype == np.float32:
+            _compare(ours, ref)
+        else:
+            np.testing.assert_array_equal(ours[0], ref[0], err_msg=f"{q_in} {q_out}")
+
+
+@pytest.mark.parametrize("gelu", ["builtin", "tanh"])
+def test_int8_bert_encoder(gelu):
+    """A transformer on the CPU: embeddings (GATHER), int8 attention (BATCH_MATMUL,
+    4-D SOFTMAX), LayerNorm as MEAN/SQUARED_DIFFERENCE/RSQRT, int8 GELU or its tanh form."""
+    from support.bert_models import bert_encoder
+    data = bert_encoder(layers=1, seq=32, gelu=gelu)
+    sg = load_model(data).main
+    tokens = np.random.default_rng(18).integers(0, 1000, tuple(sg.tensors[sg.inputs[0]].shape))
+    inputs = [tokens.astype(numpy_dtype(sg.tensors[sg.inputs[0]].type))]
+    ours, ref = _both(data, inputs)
+    np.testing.assert_array_equal(ours[0], ref[0])
+
+
 def test_state_the_model_also_returns_carries_over():
     model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
     state = next(i for i, t in enumerate(model.main.tensors) if t.is_variable)
@@ -365,7 +442,7 @@ def test_state_the_model_also_returns_carries_over():
 
 
 def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes: int = 5,
-                     max_det: int = 7, per_class: int = 4):
+                     max_det: int = 7, per_class: int = 4, flat: int = 0):
     opts = flexbuffers.Dumps({
         "max_detections": max_det, "max_classes_per_detection": per_detection,
         "detections_per_class": per_class, "use_regular_nms": regular, "num_classes": classes,
@@ -374,6 +451,7 @@ def _detection_model(regular: bool, per_detection: int, boxes: int = 60, classes
     rng = np.random.default_rng(6)
     centers = rng.uniform(0.2, 0.8, (boxes, 2))
     sizes = rng.uniform(0.1, 0.4, (boxes, 2))
+    sizes[:flat, 0] = 0           # anchors of height 0: boxes of area 0
     anchors = np.concatenate([centers, sizes], axis=1).astype(np.float32)
     b = ModelBuilder()
     enc = b.input("boxes", (1, boxes, 4), np.float32)
@@ -399,10 +477,12 @@ def test_detection_postprocess_float(regular, per_detection):
 @pytest.mark.parametrize("regular", [False, True])
 def test_detection_postprocess_crowded(regular):
     """500 overlapping boxes and up to 40 detections: most candidates are suppressed."""
-    data, inputs = _detection_model(regular, 1, boxes=500, max_det=40, per_class=40)
+    data, inputs = _detection_model(regular, 1, boxes=500, max_det=40, per_class=40, flat=100)
     ours, ref = _both(data, inputs)
     _compare(ours, ref)
     assert 10 < ours[3][0] <= 40
+    # Boxes of area 0 (a fifth of the anchors) overlap nothing and are kept.
+    assert (ours[0][0, :, 0] == ours[0][0, :, 2]).sum() > 0
 
 
 # -- what the backend refuses or checks ---------------------------------------------------

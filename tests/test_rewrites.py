@@ -188,7 +188,6 @@ def test_editor_sorts_new_operators_into_a_valid_order():
 # -- plugins, sessions, cache ---------------------------------------------------------------
 
 
-@pytest.mark.needs_litert("the CPU runs a quantized ABS, which the numpy backend has no kernel for")
 def test_a_plugin_rewrite_runs_in_a_session_and_maps_the_operator():
     data = abs_model()
     x = _x()
@@ -212,7 +211,6 @@ def test_a_plugin_rewrite_runs_in_a_session_and_maps_the_operator():
     assert again.compile_info["rewrites"] == sess.compile_info["rewrites"]
 
 
-@pytest.mark.needs_litert("the CPU runs a quantized ABS, which the numpy backend has no kernel for")
 def test_compat_mode_and_the_cpu_target_do_not_rewrite():
     data = abs_model()
     compat = InferenceSession(data, "sim", plugins=[AbsPlugin()], partition_mode="compat")
@@ -334,7 +332,6 @@ def test_partition_command_rewrites(tmp_path, capsys):
     assert "unknown rewrite(s) 'fc_as_cnv'" in capsys.readouterr().err
 
 
-@pytest.mark.needs_litert("the CPU runs a quantized ABS, which the numpy backend has no kernel for")
 def test_a_failing_rewrite_is_skipped_with_a_warning(caplog):
     class Broken:
         name, version, exact, order = "broken", 1, True, 400

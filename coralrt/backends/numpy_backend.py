@@ -9,13 +9,15 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 * Operators with a float32 (or float16) input or output run on the float
   kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
   RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
-  RELU_N1_TO_1, ABS, NEG, TANH, SQRT, DIV, MEAN, FULLY_CONNECTED), and the SSD
+  RELU_N1_TO_1, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN, FULLY_CONNECTED), and the SSD
   post-processing operator on :mod:`coralrt.backends.numpy_detect`.  Float
   outputs match ``BUILTIN_REF`` within the tolerances stated there (most are
   bit-exact), integer outputs exactly.
 * GATHER, GATHER_ND, UNPACK, CAST, FLOOR_DIV, ARG_MAX and ARG_MIN (any type),
-  and ADD, SUB, MUL of plain int32 or int64 tensors, are in
-  :mod:`coralrt.backends.numpy_index`.
+  int8 ABS, and ADD, SUB, MUL of plain int32 or int64 tensors, are in
+  :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
+  :mod:`coralrt.backends.numpy_matmul`; 8-bit GELU is the table of
+  :func:`coralrt.sim.kernels.activations.gelu_8bit`.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
@@ -44,12 +46,14 @@ from ..model import load_model
 from ..model.shapes import inferred_shapes
 from ..model.types import CUSTOM, numpy_dtype, packed_size
 from ..sim.kernels import kernel_for
+from ..sim.kernels.activations import gelu_8bit
 from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, is_plain_wide_int
+from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, abs_int8, is_plain_wide_int
 from .numpy_kernels import FLOAT_KERNELS, is_float
+from .numpy_matmul import batch_matmul
 
 __all__ = ["NumpyBackend", "NumpyProgram"]
 
@@ -59,7 +63,16 @@ _CONTROL_FLOW = ("WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEH
                  "STABLEHLO_COMPOSITE")
 _EDGETPU_OP = "edgetpu-custom-op"
 _OUTPUT_TAKES_INPUT_TYPE = ("ADD", "SUB")
-_OTHER_KERNELS = {**ANY_TYPE_KERNELS, DETECTION_POSTPROCESS: detection_postprocess}
+
+
+def _by_type(name: str, eight_bit):
+    """The float kernel of ``name`` on float tensors, ``eight_bit`` otherwise."""
+    return lambda ctx: (FLOAT_KERNELS[name] if is_float(ctx.inputs[0]) else eight_bit)(ctx)
+
+
+_OTHER_KERNELS = {**ANY_TYPE_KERNELS, "BATCH_MATMUL": batch_matmul,
+                  "GELU": _by_type("GELU", gelu_8bit), "ABS": _by_type("ABS", abs_int8),
+                  DETECTION_POSTPROCESS: detection_postprocess}
 
 
 # -- the model as the runner sees it -------------------------------------------------------
@@ -220,7 +233,7 @@ class NumpyProgram(CpuProgram):
                 results = self._runner.run(arrays)
             except CoralRTError:
                 raise
-            except (ValueError, ArithmeticError, LookupError, TypeError) as e:
+            except Exception as e:   # noqa: BLE001 - a kernel's failure fails this run, typed
                 raise InferenceError(f"the numpy backend failed while running the model: "
                                      f"{type(e).__name__}: {e}") from e
             outputs = [np.array(r, copy=True) for r in results]

@@ -75,7 +75,7 @@ def _iou_row(b: np.ndarray, area_i, o: np.ndarray, area_o: np.ndarray) -> np.nda
     with np.errstate(divide="ignore", invalid="ignore"):
         iou = inter / (area_i + area_o - inter)
     if area_i <= 0:
-        return np.zeros(len(others), np.float32)
+        return np.zeros(len(o), np.float32)
     return np.where(area_o <= 0, zero, iou)
 
 

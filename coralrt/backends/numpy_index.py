@@ -11,6 +11,8 @@ follow (TFLite's reference kernels), all bit-exact:
 * CAST: ``static_cast`` of the stored values (quantization ignored, as TFLite
   does); float to integer truncates toward zero.  Values a C cast leaves
   undefined (NaN, out of range) give NumPy's answer.
+* ABS of a quantized int8 tensor: TFLite's rescaling, as a table of the 256
+  codes.
 * ADD, SUB, MUL of int32/int64 tensors: the integer operation (wrapping on
   overflow, as the C++ kernels do in practice) and the fused activation's
   integer range.  FLOOR_DIV of int32/int64 (floor of the quotient; a zero
@@ -23,11 +25,12 @@ import numpy as np
 
 from coralrt.errors import InferenceError
 from coralrt.model.types import numpy_dtype
+from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext
 
 from .numpy_kernels import _refuse, dequantize
 
-__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "is_plain_wide_int"]
+__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "abs_int8", "is_plain_wide_int"]
 
 _INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
 
@@ -200,6 +203,27 @@ def floor_div(ctx: OpContext):
             r = np.floor_divide(x, y)
         return [np.asarray(r, dtype).reshape(shape)]
     return run
+
+
+def abs_int8(ctx: OpContext):
+    """ABS of a quantized int8 tensor (TFLite has no uint8 ABS): ``|q - zp_in|``,
+    rescaled by ``MultiplyByQuantizedMultiplier`` with the multiplier of
+    ``double(s_in) / double(s_out)`` unless the scales are equal, plus the output
+    zero point, clamped.  A table of the 256 codes."""
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    if ctx.dtype(x) != np.dtype(np.int8) or ctx.dtype(out) != np.dtype(np.int8) \
+            or len(x.scales) != 1 or len(out.scales) != 1:
+        _refuse(ctx, f"{x.type_name} -> {out.type_name}: the numpy backend runs float32 and "
+                     f"per-tensor quantized int8 ABS")
+    s_in, s_out = ctx.scale(x), ctx.scale(out)
+    magnitude = np.abs(np.arange(-128, 128, dtype=np.int64) - ctx.zero_point(x))
+    if s_in != s_out:
+        multiplier, shift = quantize_multiplier(float(np.float64(s_in) / np.float64(s_out)))
+        magnitude = np.asarray(multiply_by_quantized_multiplier(magnitude, multiplier, shift),
+                               np.int64)
+    table = np.clip(magnitude + ctx.zero_point(out), -128, 127).astype(np.int8)
+    shape = tuple(out.shape)
+    return lambda inputs: [table[np.asarray(inputs[0]).astype(np.int64) + 128].reshape(shape)]
 
 
 #: Kernels for operators whose tensors are all int32 or int64 without quantization.

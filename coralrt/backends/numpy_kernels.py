@@ -21,8 +21,9 @@ What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
   beta) / sum``.  Measured bit-exact on the tests' inputs, but ``exp`` and the
   order of the sum may differ from LiteRT's in the last bit: the tests assert
   ``rtol=1e-5, atol=1e-6``.
-* RELU, RELU6, RELU_N1_TO_1, ABS, NEG: bit-exact.  TANH: ``tanh`` in double
-  precision rounded to float32 (LiteRT's may differ in the last bits).
+* RELU, RELU6, RELU_N1_TO_1, ABS, NEG: bit-exact.  TANH and GELU (exact or
+  ``approximate``): in double precision rounded to float32 (LiteRT's may
+  differ in the last bits).
 * MEAN over constant axes and FULLY_CONNECTED (float32 weights, DEFAULT
   format): float32 sums whose order differs from LiteRT's; the tests assert
   ``rtol=1e-5, atol=1e-6`` for MEAN and ``rtol=1e-5, atol=1e-5`` for
@@ -35,6 +36,8 @@ kernels that take any type (GATHER, CAST, UNPACK, ARG_MAX...) are in
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -207,6 +210,23 @@ def _tanh(x: np.ndarray) -> np.ndarray:
     return np.tanh(x.astype(np.float64)).astype(np.float32)
 
 
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
+
+
+def gelu(ctx: OpContext):
+    """Float GELU, in double precision rounded to float32: the exact form
+    ``0.5 x erfc(-x / sqrt 2)`` or, with ``approximate``, the tanh form."""
+    if ctx.params.get("approximate", False):
+        def form(x):
+            d = x.astype(np.float64)
+            return 0.5 * d * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (d + 0.044715 * d ** 3)))
+    else:
+        def form(x):
+            d = x.astype(np.float64)
+            return 0.5 * d * _ERFC(d * -math.sqrt(0.5)).astype(np.float64)
+    return _elementwise(form)(ctx)
+
+
 def _axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
     values = ctx.const(1)
     if values is None:
@@ -316,5 +336,6 @@ FLOAT_KERNELS = {
     "MEAN": mean,
     "FULLY_CONNECTED": fully_connected,
     "DIV": _binary(np.divide),
+    "GELU": gelu,
     "SQRT": _elementwise(np.sqrt),
 }
