@@ -372,6 +372,44 @@ def test_batch_matmul(dtype, adj_x, adj_y):
         np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float32])
+def test_leaky_relu(dtype):
+    rng = np.random.default_rng(20)
+    off = 128 if dtype == np.uint8 else 0
+    for trial in range(1 if dtype == np.float32 else 12):
+        alpha = float(rng.uniform(0.01, 0.5))
+        q_in = {"scale": float(rng.uniform(0.005, 0.1)), "zero_point": int(rng.integers(-30, 30)) + off}
+        q_out = {"scale": float(rng.uniform(0.005, 0.1)), "zero_point": int(rng.integers(-30, 30)) + off}
+        if dtype == np.float32:
+            q_in = q_out = {}
+            x = np.linspace(-5, 5, 256, dtype=np.float32).reshape(1, 256)
+        else:
+            x = np.arange(256, dtype=np.uint8).view(dtype).reshape(1, 256)     # every code
+        data = _unary("LEAKY_RELU", ((1, 256), dtype, q_in), ((1, 256), dtype, q_out),
+                      alpha=alpha)
+        ours, ref = _both(data, [x])
+        np.testing.assert_array_equal(ours[0], ref[0], err_msg=f"{alpha} {q_in} {q_out}")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float32])
+def test_split_v_and_depth_to_space(dtype):
+    q = {"scale": 0.1, "zero_point": 3} if dtype == np.int8 else {}
+    m = ModelBuilder()
+    x = m.input("x", (1, 3, 4, 8), dtype, **q)
+    sizes = m.constant("sizes", np.array([2, -1, 3], np.int32))
+    axis = m.constant("axis", np.array([3], np.int32))
+    parts = [m.tensor(f"p{k}", (1, 3, 4, n), dtype, **q) for k, n in enumerate((2, 3, 3))]
+    d = m.tensor("d", (1, 6, 8, 2), dtype, **q)
+    m.op("SPLIT_V", [x, sizes, axis], parts, num_splits=3)
+    m.op("DEPTH_TO_SPACE", [x], [d], block_size=2)
+    for t in (*parts, d):
+        m.output(t)
+    v = np.random.default_rng(21).integers(-100, 100, (1, 3, 4, 8)).astype(dtype)
+    ours, ref = _both(m.build().to_bytes(), [v])
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_abs_int8():
     rng = np.random.default_rng(19)
     for trial in range(12):

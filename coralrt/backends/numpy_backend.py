@@ -9,12 +9,13 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 * Operators with a float32 (or float16) input or output run on the float
   kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
   RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
-  RELU_N1_TO_1, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN, FULLY_CONNECTED), and the SSD
-  post-processing operator on :mod:`coralrt.backends.numpy_detect`.  Float
+  RELU_N1_TO_1, LEAKY_RELU, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN,
+  FULLY_CONNECTED), and the SSD post-processing operator on
+  :mod:`coralrt.backends.numpy_detect`.  Float
   outputs match ``BUILTIN_REF`` within the tolerances stated there (most are
   bit-exact), integer outputs exactly.
-* GATHER, GATHER_ND, UNPACK, CAST, FLOOR_DIV, ARG_MAX and ARG_MIN (any type),
-  int8 ABS, and ADD, SUB, MUL of plain int32 or int64 tensors, are in
+* GATHER, GATHER_ND, UNPACK, SPLIT_V, DEPTH_TO_SPACE, CAST, FLOOR_DIV, ARG_MAX
+  and ARG_MIN (any type), int8 ABS, 8-bit LEAKY_RELU, and ADD, SUB, MUL of plain int32 or int64 tensors, are in
   :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
   :mod:`coralrt.backends.numpy_matmul`; 8-bit GELU is the table of
   :func:`coralrt.sim.kernels.activations.gelu_8bit`.
@@ -51,7 +52,9 @@ from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, abs_int8, is_plain_wide_int
+from .numpy_index import (
+    ANY_TYPE_KERNELS, WIDE_INT_KERNELS, abs_int8, is_plain_wide_int, leaky_relu_8bit,
+)
 from .numpy_kernels import FLOAT_KERNELS, is_float
 from .numpy_matmul import batch_matmul
 
@@ -72,6 +75,7 @@ def _by_type(name: str, eight_bit):
 
 _OTHER_KERNELS = {**ANY_TYPE_KERNELS, "BATCH_MATMUL": batch_matmul,
                   "GELU": _by_type("GELU", gelu_8bit), "ABS": _by_type("ABS", abs_int8),
+                  "LEAKY_RELU": _by_type("LEAKY_RELU", leaky_relu_8bit),
                   DETECTION_POSTPROCESS: detection_postprocess}
 
 

@@ -7,7 +7,9 @@ follow (TFLite's reference kernels), all bit-exact:
 * ARG_MAX/ARG_MIN: the first extreme index.
 * GATHER (batch_dims 0) and GATHER_ND: data movement; an index out of range
   fails the run with InferenceError, as it fails TFLite's.
-* UNPACK: data movement.
+* UNPACK, SPLIT_V, DEPTH_TO_SPACE: data movement.
+* LEAKY_RELU of a quantized 8-bit tensor: TFLite's two rescalings (``s_in /
+  s_out``, ``alpha * s_in / s_out``), as a table of the 256 codes.
 * CAST: ``static_cast`` of the stored values (quantization ignored, as TFLite
   does); float to integer truncates toward zero.  Values a C cast leaves
   undefined (NaN, out of range) give NumPy's answer.
@@ -30,7 +32,8 @@ from coralrt.sim.kernels import OpContext
 
 from .numpy_kernels import _refuse, dequantize
 
-__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "abs_int8", "is_plain_wide_int"]
+__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "abs_int8", "is_plain_wide_int",
+           "leaky_relu_8bit"]
 
 _INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
 
@@ -226,6 +229,70 @@ def abs_int8(ctx: OpContext):
     return lambda inputs: [table[np.asarray(inputs[0]).astype(np.int64) + 128].reshape(shape)]
 
 
+def leaky_relu_8bit(ctx: OpContext):
+    """LEAKY_RELU of a quantized uint8/int8 tensor: ``q - zp_in`` rescaled by
+    ``MultiplyByQuantizedMultiplier`` with the multiplier of ``s_in / s_out``
+    (non-negative) or ``alpha * s_in / s_out`` (negative), both in double, plus
+    the output zero point, clamped.  A table of the 256 codes."""
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    dtype = ctx.dtype(x)
+    if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or ctx.dtype(out) != dtype \
+            or len(x.scales) != 1 or len(out.scales) != 1:
+        _refuse(ctx, f"{x.type_name} -> {out.type_name}: the numpy backend runs float32 and "
+                     f"per-tensor quantized 8-bit LEAKY_RELU")
+    ratio = np.float64(ctx.scale(x)) / np.float64(ctx.scale(out))
+    alpha = np.float64(np.float32(ctx.params.get("alpha", 0.0) or 0.0))
+    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
+    v = codes - ctx.zero_point(x)
+    parts = []
+    for real in (float(ratio), float(alpha * ratio)):
+        multiplier, shift = quantize_multiplier(real)
+        parts.append(np.asarray(multiply_by_quantized_multiplier(v, multiplier, shift), np.int64))
+    info = np.iinfo(dtype)
+    table = np.clip(np.where(v >= 0, *parts) + ctx.zero_point(out), info.min, info.max)
+    table = table.astype(dtype)        # indexed by the code's bit pattern
+    shape = tuple(out.shape)
+    return lambda inputs: [table[np.asarray(inputs[0]).view(np.uint8)].reshape(shape)]
+
+
+def split_v(ctx: OpContext):
+    x = ctx.inputs[0]
+    sizes, axis_value = ctx.const(1), ctx.const(2)
+    if sizes is None or axis_value is None or np.asarray(axis_value).size != 1:
+        _refuse(ctx, "the sizes (input 1) and the axis (input 2) must be constants")
+    rank = len(x.shape)
+    axis = _axis(ctx, int(np.asarray(axis_value).reshape(-1)[0]), rank)
+    sizes = [int(s) for s in np.asarray(sizes).reshape(-1)]
+    if sizes.count(-1) == 1:
+        sizes[sizes.index(-1)] = int(x.shape[axis]) - (sum(sizes) + 1)
+    if len(sizes) != len(ctx.outputs) or any(s < 0 for s in sizes) \
+            or sum(sizes) != int(x.shape[axis]):
+        _refuse(ctx, f"sizes {sizes} do not split a dimension of {x.shape[axis]} into "
+                     f"{len(ctx.outputs)} outputs")
+    bounds = np.cumsum(sizes)[:-1].tolist()
+    shapes = [tuple(t.shape) for t in ctx.outputs]
+
+    def run(inputs):
+        parts = np.split(np.asarray(inputs[0]), bounds, axis=axis)
+        return [p.reshape(s) for p, s in zip(parts, shapes)]
+    return run
+
+
+def depth_to_space(ctx: OpContext):
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    bs = int(ctx.params.get("block_size", 0) or 0)
+    if len(x.shape) != 4 or bs < 1 or x.shape[3] % (bs * bs):
+        _refuse(ctx, f"input {tuple(x.shape)} with block size {bs}: needs NHWC with depth "
+                     f"a multiple of {bs}x{bs}")
+    n, h, w, c = (int(d) for d in x.shape)
+    depth, shape = c // (bs * bs), tuple(out.shape)
+
+    def run(inputs):
+        v = np.asarray(inputs[0]).reshape(n, h, w, bs, bs, depth).transpose(0, 1, 3, 2, 4, 5)
+        return [v.reshape(shape)]
+    return run
+
+
 #: Kernels for operators whose tensors are all int32 or int64 without quantization.
 WIDE_INT_KERNELS = {
     "ADD": _binary_int(np.add), "SUB": _binary_int(np.subtract),
@@ -240,4 +307,6 @@ ANY_TYPE_KERNELS = {
     "UNPACK": unpack,
     "CAST": cast,
     "FLOOR_DIV": floor_div,
+    "SPLIT_V": split_v,
+    "DEPTH_TO_SPACE": depth_to_space,
 }

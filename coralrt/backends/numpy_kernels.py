@@ -21,7 +21,7 @@ What they follow (TFLite's reference kernels, ``OpResolverType.BUILTIN_REF``):
   beta) / sum``.  Measured bit-exact on the tests' inputs, but ``exp`` and the
   order of the sum may differ from LiteRT's in the last bit: the tests assert
   ``rtol=1e-5, atol=1e-6``.
-* RELU, RELU6, RELU_N1_TO_1, ABS, NEG: bit-exact.  TANH and GELU (exact or
+* RELU, RELU6, RELU_N1_TO_1, LEAKY_RELU, ABS, NEG: bit-exact.  TANH and GELU (exact or
   ``approximate``): in double precision rounded to float32 (LiteRT's may
   differ in the last bits).
 * MEAN over constant axes and FULLY_CONNECTED (float32 weights, DEFAULT
@@ -213,6 +213,10 @@ def _tanh(x: np.ndarray) -> np.ndarray:
 _ERFC = np.frompyfunc(math.erfc, 1, 1)
 
 
+def _leaky(alpha: np.float32):
+    return lambda x: np.where(x > 0, x, x * alpha)
+
+
 def gelu(ctx: OpContext):
     """Float GELU, in double precision rounded to float32: the exact form
     ``0.5 x erfc(-x / sqrt 2)`` or, with ``approximate``, the tanh form."""
@@ -337,5 +341,7 @@ FLOAT_KERNELS = {
     "FULLY_CONNECTED": fully_connected,
     "DIV": _binary(np.divide),
     "GELU": gelu,
+    "LEAKY_RELU": lambda ctx: _elementwise(_leaky(np.float32(ctx.params.get("alpha", 0.0)
+                                                              or 0.0)))(ctx),
     "SQRT": _elementwise(np.sqrt),
 }
