@@ -11,14 +11,15 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
   RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
   RELU_N1_TO_1, LEAKY_RELU, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN,
   FULLY_CONNECTED), and the SSD post-processing operator on
-  :mod:`coralrt.backends.numpy_detect`.  Float
-  outputs match ``BUILTIN_REF`` within the tolerances stated there (most are
-  bit-exact), integer outputs exactly.
+  :mod:`coralrt.backends.numpy_detect`.  Float outputs match ``BUILTIN_REF``
+  within the tolerances stated there (most are bit-exact), integer outputs
+  exactly.
 * GATHER, GATHER_ND, UNPACK, SPLIT_V, DEPTH_TO_SPACE, CAST, FLOOR_DIV, ARG_MAX
-  and ARG_MIN (any type), int8 ABS, 8-bit LEAKY_RELU, and ADD, SUB, MUL of plain int32 or int64 tensors, are in
-  :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
-  :mod:`coralrt.backends.numpy_matmul`; 8-bit GELU is the table of
-  :func:`coralrt.sim.kernels.activations.gelu_8bit`.
+  and ARG_MIN (any type), and ADD, SUB, MUL of plain int32 or int64 tensors,
+  are in :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
+  :mod:`coralrt.backends.numpy_matmul`.  8-bit GELU, int8 ABS and 8-bit
+  LEAKY_RELU, which the Edge TPU does not have, are tables of 256 codes in
+  :mod:`coralrt.sim.kernels.host_only`, not registered for the simulator.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
@@ -47,14 +48,12 @@ from ..model import load_model
 from ..model.shapes import inferred_shapes
 from ..model.types import CUSTOM, numpy_dtype, packed_size
 from ..sim.kernels import kernel_for
-from ..sim.kernels.activations import gelu_8bit
+from ..sim.kernels.host_only import abs_int8, gelu_8bit, leaky_relu_8bit
 from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
 from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_index import (
-    ANY_TYPE_KERNELS, WIDE_INT_KERNELS, abs_int8, is_plain_wide_int, leaky_relu_8bit,
-)
+from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, is_plain_wide_int
 from .numpy_kernels import FLOAT_KERNELS, is_float
 from .numpy_matmul import batch_matmul
 
@@ -104,18 +103,18 @@ def describe(model) -> Segment:
         st = SegmentTensor(i, t.name, shape, t.type, kind, scales, zps, qdim, 0,
                            packed_size(t.type, shape) or 0,
                            kind in ("activation", "output") and t.is_variable)
-        if t.is_constant:
-            if t.extra.get("sparsity") and i not in reshape_shapes:
+        if t.is_constant and t.extra.get("sparsity"):
+            if i not in reshape_shapes:
                 raise ModelError(f"tensor {i} ({t.name!r}) is a sparse constant; the numpy "
                                  f"backend takes dense constants only (a sparse shape "
                                  f"operand of RESHAPE excepted)")
-            # RESHAPE's kernel takes its shape from the output tensor; a sparse shape
-            # operand was checked at load to read the same stored or dense.
-            data = t.data if not t.extra.get("sparsity") else None
-            if data is None and t.extra.get("sparsity"):
-                data = np.frombuffer(t.buffer.data, numpy_dtype(t.type).newbyteorder("<"),
-                                     count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            elif data is None:                    # sub-byte types stay packed
+            # RESHAPE's kernel takes its shape from the output tensor; load checked
+            # that a sparse shape operand reads the same stored or dense.
+            st.data = np.frombuffer(t.buffer.data, numpy_dtype(t.type).newbyteorder("<"),
+                                    count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        elif t.is_constant:
+            data = t.data
+            if data is None:                      # sub-byte types stay packed
                 data = np.asarray(t.buffer.data, np.uint8)
             elif data.size != int(np.prod(shape, dtype=np.int64)):
                 raise ModelError(f"tensor {i} ({t.name!r}): constant holds {data.size} "

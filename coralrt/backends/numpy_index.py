@@ -8,13 +8,9 @@ follow (TFLite's reference kernels), all bit-exact:
 * GATHER (batch_dims 0) and GATHER_ND: data movement; an index out of range
   fails the run with InferenceError, as it fails TFLite's.
 * UNPACK, SPLIT_V, DEPTH_TO_SPACE: data movement.
-* LEAKY_RELU of a quantized 8-bit tensor: TFLite's two rescalings (``s_in /
-  s_out``, ``alpha * s_in / s_out``), as a table of the 256 codes.
 * CAST: ``static_cast`` of the stored values (quantization ignored, as TFLite
   does); float to integer truncates toward zero.  Values a C cast leaves
   undefined (NaN, out of range) give NumPy's answer.
-* ABS of a quantized int8 tensor: TFLite's rescaling, as a table of the 256
-  codes.
 * ADD, SUB, MUL of int32/int64 tensors: the integer operation (wrapping on
   overflow, as the C++ kernels do in practice) and the fused activation's
   integer range.  FLOOR_DIV of int32/int64 (floor of the quotient; a zero
@@ -27,13 +23,12 @@ import numpy as np
 
 from coralrt.errors import InferenceError
 from coralrt.model.types import numpy_dtype
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext
+from coralrt.sim.kernels.elementwise import refuse
 
-from .numpy_kernels import _refuse, dequantize
+from .numpy_kernels import dequantize
 
-__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "abs_int8", "is_plain_wide_int",
-           "leaky_relu_8bit"]
+__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "is_plain_wide_int"]
 
 _INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
 
@@ -41,7 +36,7 @@ _INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
 def _axis(ctx: OpContext, axis: int, rank: int) -> int:
     k = axis + rank if axis < 0 else axis
     if not 0 <= k < max(rank, 1):
-        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
+        refuse(ctx, f"axis {axis} is out of range for rank {rank}")
     return k
 
 
@@ -70,16 +65,16 @@ def _binary_int(fn):
         a, b, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
         dtype = ctx.dtype(out)
         if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype:
-            _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
+            refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
                          f"are not one type")
         code = int(ctx.params.get("fused_activation_function", 0) or 0)
         if code not in _INT_ACTIVATION_BOUNDS:
-            _refuse(ctx, f"fused activation {code} is not supported for integers")
+            refuse(ctx, f"fused activation {code} is not supported for integers")
         bounds, shape = _INT_ACTIVATION_BOUNDS[code], tuple(out.shape)
         try:
             np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
         except ValueError:
-            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+            refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
 
         def run(inputs):
             r = np.asarray(fn(np.asarray(inputs[0], dtype), np.asarray(inputs[1], dtype)), dtype)
@@ -94,15 +89,11 @@ def arg_extreme(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     axis_values = ctx.const(1)
     if axis_values is None or np.asarray(axis_values).size != 1:
-        _refuse(ctx, "the axis (input 1) must be a constant holding one value")
-    rank = len(x.shape)
-    axis = int(np.asarray(axis_values).reshape(-1)[0])
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < rank:
-        _refuse(ctx, f"axis {axis} is out of range for rank {rank}")
+        refuse(ctx, "the axis (input 1) must be a constant holding one value")
+    axis = _axis(ctx, int(np.asarray(axis_values).reshape(-1)[0]), len(x.shape))
     dtype = ctx.dtype(out)
     if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-        _refuse(ctx, f"output type {out.type_name} is not INT32 or INT64")
+        refuse(ctx, f"output type {out.type_name} is not INT32 or INT64")
     fn = np.argmax if ctx.op.name == "ARG_MAX" else np.argmin
     shape = tuple(out.shape)
     return lambda inputs: [fn(np.asarray(inputs[0]), axis=axis).astype(dtype).reshape(shape)]
@@ -112,19 +103,19 @@ def _gather_operands(ctx: OpContext):
     """(values, indices, output) of GATHER or GATHER_ND, their types checked."""
     params, indices, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     if ctx.dtype(indices) not in _INDEX_TYPES:
-        _refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
+        refuse(ctx, f"indices of type {indices.type_name} (INT16, INT32 and INT64 are "
                      f"supported)")
     if ctx.dtype(params).kind not in "fiub":
-        _refuse(ctx, f"values of type {params.type_name} are not supported")
+        refuse(ctx, f"values of type {params.type_name} are not supported")
     return params, indices, out
 
 
 def gather(ctx: OpContext):
     params, indices, out = _gather_operands(ctx)
     if int(ctx.params.get("batch_dims", 0) or 0) != 0:
-        _refuse(ctx, "batch_dims other than 0 is not supported")
+        refuse(ctx, "batch_dims other than 0 is not supported")
     if not len(params.shape):
-        _refuse(ctx, "the values are a scalar; GATHER needs at least one dimension")
+        refuse(ctx, "the values are a scalar; GATHER needs at least one dimension")
     axis = _axis(ctx, int(ctx.params.get("axis", 0) or 0), len(params.shape))
     n, shape, dtype = int(params.shape[axis]), tuple(out.shape), ctx.dtype(out)
 
@@ -140,7 +131,7 @@ def gather_nd(ctx: OpContext):
     params, indices, out = _gather_operands(ctx)
     depth = int(indices.shape[-1]) if len(indices.shape) else 0
     if not 0 < depth <= len(params.shape):
-        _refuse(ctx, f"index depth {depth} does not fit values of rank {len(params.shape)}")
+        refuse(ctx, f"index depth {depth} does not fit values of rank {len(params.shape)}")
     limits = np.array(params.shape[:depth], np.int64)
     shape, dtype = tuple(out.shape), ctx.dtype(out)
 
@@ -157,7 +148,7 @@ def unpack(ctx: OpContext):
     rank = len(x.shape)
     axis = _axis(ctx, int(ctx.params.get("axis", 0) or 0), rank)
     if int(x.shape[axis]) != len(ctx.outputs):
-        _refuse(ctx, f"{len(ctx.outputs)} outputs for a dimension of {x.shape[axis]}")
+        refuse(ctx, f"{len(ctx.outputs)} outputs for a dimension of {x.shape[axis]}")
     shapes = [tuple(t.shape) for t in ctx.outputs]
     dtypes = [ctx.dtype(t) for t in ctx.outputs]
 
@@ -172,7 +163,7 @@ def cast(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     src, dst = ctx.dtype(x), ctx.dtype(out)
     if src.kind not in "fiub" or dst.kind not in "fiub":
-        _refuse(ctx, f"casting {x.type_name} to {out.type_name} is not supported")
+        refuse(ctx, f"casting {x.type_name} to {out.type_name} is not supported")
     shape = tuple(out.shape)
 
     def run(inputs):
@@ -191,7 +182,7 @@ def floor_div(ctx: OpContext):
     dtype = ctx.dtype(out)
     if ctx.dtype(a) != dtype or ctx.dtype(b) != dtype or \
             dtype not in (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32)):
-        _refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name}: "
+        refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name}: "
                      f"INT32, INT64 or FLOAT32, one type, are supported")
     shape = tuple(out.shape)
 
@@ -208,58 +199,11 @@ def floor_div(ctx: OpContext):
     return run
 
 
-def abs_int8(ctx: OpContext):
-    """ABS of a quantized int8 tensor (TFLite has no uint8 ABS): ``|q - zp_in|``,
-    rescaled by ``MultiplyByQuantizedMultiplier`` with the multiplier of
-    ``double(s_in) / double(s_out)`` unless the scales are equal, plus the output
-    zero point, clamped.  A table of the 256 codes."""
-    x, out = ctx.inputs[0], ctx.outputs[0]
-    if ctx.dtype(x) != np.dtype(np.int8) or ctx.dtype(out) != np.dtype(np.int8) \
-            or len(x.scales) != 1 or len(out.scales) != 1:
-        _refuse(ctx, f"{x.type_name} -> {out.type_name}: the numpy backend runs float32 and "
-                     f"per-tensor quantized int8 ABS")
-    s_in, s_out = ctx.scale(x), ctx.scale(out)
-    magnitude = np.abs(np.arange(-128, 128, dtype=np.int64) - ctx.zero_point(x))
-    if s_in != s_out:
-        multiplier, shift = quantize_multiplier(float(np.float64(s_in) / np.float64(s_out)))
-        magnitude = np.asarray(multiply_by_quantized_multiplier(magnitude, multiplier, shift),
-                               np.int64)
-    table = np.clip(magnitude + ctx.zero_point(out), -128, 127).astype(np.int8)
-    shape = tuple(out.shape)
-    return lambda inputs: [table[np.asarray(inputs[0]).astype(np.int64) + 128].reshape(shape)]
-
-
-def leaky_relu_8bit(ctx: OpContext):
-    """LEAKY_RELU of a quantized uint8/int8 tensor: ``q - zp_in`` rescaled by
-    ``MultiplyByQuantizedMultiplier`` with the multiplier of ``s_in / s_out``
-    (non-negative) or ``alpha * s_in / s_out`` (negative), both in double, plus
-    the output zero point, clamped.  A table of the 256 codes."""
-    x, out = ctx.inputs[0], ctx.outputs[0]
-    dtype = ctx.dtype(x)
-    if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or ctx.dtype(out) != dtype \
-            or len(x.scales) != 1 or len(out.scales) != 1:
-        _refuse(ctx, f"{x.type_name} -> {out.type_name}: the numpy backend runs float32 and "
-                     f"per-tensor quantized 8-bit LEAKY_RELU")
-    ratio = np.float64(ctx.scale(x)) / np.float64(ctx.scale(out))
-    alpha = np.float64(np.float32(ctx.params.get("alpha", 0.0) or 0.0))
-    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
-    v = codes - ctx.zero_point(x)
-    parts = []
-    for real in (float(ratio), float(alpha * ratio)):
-        multiplier, shift = quantize_multiplier(real)
-        parts.append(np.asarray(multiply_by_quantized_multiplier(v, multiplier, shift), np.int64))
-    info = np.iinfo(dtype)
-    table = np.clip(np.where(v >= 0, *parts) + ctx.zero_point(out), info.min, info.max)
-    table = table.astype(dtype)        # indexed by the code's bit pattern
-    shape = tuple(out.shape)
-    return lambda inputs: [table[np.asarray(inputs[0]).view(np.uint8)].reshape(shape)]
-
-
 def split_v(ctx: OpContext):
     x = ctx.inputs[0]
     sizes, axis_value = ctx.const(1), ctx.const(2)
     if sizes is None or axis_value is None or np.asarray(axis_value).size != 1:
-        _refuse(ctx, "the sizes (input 1) and the axis (input 2) must be constants")
+        refuse(ctx, "the sizes (input 1) and the axis (input 2) must be constants")
     rank = len(x.shape)
     axis = _axis(ctx, int(np.asarray(axis_value).reshape(-1)[0]), rank)
     sizes = [int(s) for s in np.asarray(sizes).reshape(-1)]
@@ -267,7 +211,7 @@ def split_v(ctx: OpContext):
         sizes[sizes.index(-1)] = int(x.shape[axis]) - (sum(sizes) + 1)
     if len(sizes) != len(ctx.outputs) or any(s < 0 for s in sizes) \
             or sum(sizes) != int(x.shape[axis]):
-        _refuse(ctx, f"sizes {sizes} do not split a dimension of {x.shape[axis]} into "
+        refuse(ctx, f"sizes {sizes} do not split a dimension of {x.shape[axis]} into "
                      f"{len(ctx.outputs)} outputs")
     bounds = np.cumsum(sizes)[:-1].tolist()
     shapes = [tuple(t.shape) for t in ctx.outputs]
@@ -282,7 +226,7 @@ def depth_to_space(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     bs = int(ctx.params.get("block_size", 0) or 0)
     if len(x.shape) != 4 or bs < 1 or x.shape[3] % (bs * bs):
-        _refuse(ctx, f"input {tuple(x.shape)} with block size {bs}: needs NHWC with depth "
+        refuse(ctx, f"input {tuple(x.shape)} with block size {bs}: needs NHWC with depth "
                      f"a multiple of {bs}x{bs}")
     n, h, w, c = (int(d) for d in x.shape)
     depth, shape = c // (bs * bs), tuple(out.shape)

@@ -41,9 +41,10 @@ import math
 
 import numpy as np
 
-from coralrt.errors import ModelError
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.kernels import OpContext
+from coralrt.sim.kernels.elementwise import refuse
+from coralrt.sim.kernels.reduce import reduction_axes
 
 __all__ = ["FLOAT_KERNELS", "is_float", "quantize", "dequantize"]
 
@@ -59,14 +60,10 @@ def is_float(t) -> bool:
     return t is not None and numpy_dtype(t.dtype) in _FLOATS
 
 
-def _refuse(ctx: OpContext, detail: str):
-    raise ModelError(detail, where=f"{ctx.op.name} operator")
-
-
 def _require_float32(ctx: OpContext, *tensors) -> None:
     for t in tensors:
         if ctx.dtype(t) != np.dtype(np.float32):
-            _refuse(ctx, f"tensor {t.name!r} is {t.type_name}; the numpy backend's float "
+            refuse(ctx, f"tensor {t.name!r} is {t.type_name}; the numpy backend's float "
                          f"kernels take FLOAT32 operands only (float operators with 8-bit "
                          f"weights, as dynamic-range quantization writes them, are not "
                          f"supported)")
@@ -75,7 +72,7 @@ def _require_float32(ctx: OpContext, *tensors) -> None:
 def _activation(ctx: OpContext):
     code = int(ctx.params.get("fused_activation_function", 0) or 0)
     if code not in _ACTIVATION_BOUNDS:
-        _refuse(ctx, f"fused activation {code} is not supported for float32")
+        refuse(ctx, f"fused activation {code} is not supported for float32")
     bounds = _ACTIVATION_BOUNDS[code]
     if bounds is None:
         return lambda x: x
@@ -100,11 +97,11 @@ def quantize(ctx: OpContext):
     _require_float32(ctx, x)
     dtype = ctx.dtype(out)
     if dtype not in _EIGHT_BIT or not len(out.scales):
-        _refuse(ctx, f"float32 input quantized to {out.type_name}: only uint8 and int8 "
+        refuse(ctx, f"float32 input quantized to {out.type_name}: only uint8 and int8 "
                      f"outputs are supported")
     scales, zps = ctx.quant(out)
     if np.any(scales == 0):
-        _refuse(ctx, f"output {out.name!r} has scale 0")
+        refuse(ctx, f"output {out.name!r} has scale 0")
     scale = _channel_shape(ctx, out, scales.astype(np.float32))
     zp = _channel_shape(ctx, out, zps.astype(np.float64))
     info = np.iinfo(dtype)
@@ -129,7 +126,7 @@ def dequantize(ctx: OpContext):
     if dtype == np.dtype(np.float16):
         return lambda inputs: [np.asarray(inputs[0]).astype(np.float32)]
     if dtype not in (*_EIGHT_BIT, np.dtype(np.int16)) or not len(x.scales):
-        _refuse(ctx, f"dequantizing {x.type_name} is not supported (uint8, int8, int16 "
+        refuse(ctx, f"dequantizing {x.type_name} is not supported (uint8, int8, int16 "
                      f"and float16 are)")
     scales, zps = ctx.quant(x)
     scale = _channel_shape(ctx, x, scales.astype(np.float64))
@@ -148,7 +145,7 @@ def reshape(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     shape = tuple(out.shape)
     if int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
-        _refuse(ctx, f"cannot reshape {tuple(x.shape)} to {shape}")
+        refuse(ctx, f"cannot reshape {tuple(x.shape)} to {shape}")
     dtype = ctx.dtype(out)
     return lambda inputs: [np.asarray(inputs[0]).reshape(shape).astype(dtype, copy=False)]
 
@@ -160,7 +157,7 @@ def concatenation(ctx: OpContext):
     axis = int(ctx.params.get("axis", 0))
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis < max(rank, 1):
-        _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
+        refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
     act = _activation(ctx)
     shape = tuple(ctx.outputs[0].shape)
 
@@ -182,7 +179,7 @@ def _binary(fn):
         try:
             np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
         except ValueError:
-            _refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+            refuse(ctx, f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
 
         def run(inputs):
             with np.errstate(over="ignore", invalid="ignore"):
@@ -213,8 +210,10 @@ def _tanh(x: np.ndarray) -> np.ndarray:
 _ERFC = np.frompyfunc(math.erfc, 1, 1)
 
 
-def _leaky(alpha: np.float32):
-    return lambda x: np.where(x > 0, x, x * alpha)
+def leaky_relu(ctx: OpContext):
+    """``x`` where positive, else ``alpha * x``, in float32: bit-exact."""
+    alpha = np.float32(ctx.params.get("alpha", 0.0) or 0.0)
+    return _elementwise(lambda x: np.where(x > 0, x, x * alpha))(ctx)
 
 
 def gelu(ctx: OpContext):
@@ -231,24 +230,10 @@ def gelu(ctx: OpContext):
     return _elementwise(form)(ctx)
 
 
-def _axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
-    values = ctx.const(1)
-    if values is None:
-        _refuse(ctx, "the axes (input 1) must be a constant")
-    axes = []
-    for a in np.asarray(values).reshape(-1).tolist():
-        a = int(a) + rank if int(a) < 0 else int(a)
-        if not 0 <= a < rank:
-            _refuse(ctx, f"axis {a} is out of range for rank {rank}")
-        if a not in axes:
-            axes.append(a)
-    return tuple(sorted(axes))
-
-
 def mean(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     _require_float32(ctx, x, out)
-    axes, shape = _axes(ctx, len(x.shape)), tuple(out.shape)
+    axes, shape = reduction_axes(ctx), tuple(out.shape)
 
     def run(inputs):
         v = np.asarray(inputs[0], np.float32)
@@ -262,19 +247,19 @@ def fully_connected(ctx: OpContext):
     bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     _require_float32(ctx, x, w, out, *([bias] if bias is not None else []))
     if int(ctx.params.get("weights_format", 0) or 0) != 0:
-        _refuse(ctx, "only the DEFAULT weights format is supported")
+        refuse(ctx, "only the DEFAULT weights format is supported")
     if len(w.shape) != 2:
-        _refuse(ctx, f"weights of shape {tuple(w.shape)} are not 2-D")
+        refuse(ctx, f"weights of shape {tuple(w.shape)} are not 2-D")
     units, depth = (int(d) for d in w.shape)
     size, outputs = int(np.prod(x.shape, dtype=np.int64)), int(np.prod(out.shape, dtype=np.int64))
     # fully_connected.cc: the batch is the input's size over the weights' depth, and
     # the output holds batch x units values (a 0-deep layer sizes it from the output).
     batch = size // depth if depth else (outputs // units if units else 0)
     if (depth and size % depth) or batch * units != outputs:
-        _refuse(ctx, f"input {tuple(x.shape)}, weights {tuple(w.shape)} and output "
+        refuse(ctx, f"input {tuple(x.shape)}, weights {tuple(w.shape)} and output "
                      f"{tuple(out.shape)} do not agree")
     if bias is not None and int(np.prod(bias.shape, dtype=np.int64)) != units:
-        _refuse(ctx, f"bias of shape {tuple(bias.shape)} does not hold {units} values")
+        refuse(ctx, f"bias of shape {tuple(bias.shape)} does not hold {units} values")
     act, shape = _activation(ctx), tuple(out.shape)
 
     def run(inputs):
@@ -341,7 +326,6 @@ FLOAT_KERNELS = {
     "FULLY_CONNECTED": fully_connected,
     "DIV": _binary(np.divide),
     "GELU": gelu,
-    "LEAKY_RELU": lambda ctx: _elementwise(_leaky(np.float32(ctx.params.get("alpha", 0.0)
-                                                              or 0.0)))(ctx),
+    "LEAKY_RELU": leaky_relu,
     "SQRT": _elementwise(np.sqrt),
 }

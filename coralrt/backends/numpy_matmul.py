@@ -22,9 +22,9 @@ import numpy as np
 
 from coralrt.sim.fixedpoint import quantize_multiplier
 from coralrt.sim.kernels import OpContext
+from coralrt.sim.kernels.elementwise import refuse
 from coralrt.sim.kernels.requant import Requantizer
 
-from .numpy_kernels import _refuse
 
 __all__ = ["batch_matmul"]
 
@@ -36,16 +36,16 @@ def batch_matmul(ctx: OpContext):
     adj_x, adj_y = bool(ctx.params.get("adj_x", False)), bool(ctx.params.get("adj_y", False))
     a_shape, b_shape = tuple(a_t.shape), tuple(b_t.shape)
     if len(a_shape) < 2 or len(b_shape) < 2:
-        _refuse(ctx, f"operands of shapes {a_shape} and {b_shape}: both need 2 dimensions")
+        refuse(ctx, f"operands of shapes {a_shape} and {b_shape}: both need 2 dimensions")
     n, k = (a_shape[-1], a_shape[-2]) if adj_x else (a_shape[-2], a_shape[-1])
     k_b, m = (b_shape[-1], b_shape[-2]) if adj_y else (b_shape[-2], b_shape[-1])
     try:
         batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
     except ValueError:
-        _refuse(ctx, f"the batch dimensions of {a_shape} and {b_shape} do not broadcast")
+        refuse(ctx, f"the batch dimensions of {a_shape} and {b_shape} do not broadcast")
     if k != k_b or int(np.prod(out.shape, dtype=np.int64)) != \
             int(np.prod(batch, dtype=np.int64)) * n * m:
-        _refuse(ctx, f"operands {a_shape} x {b_shape} (adj_x={adj_x}, adj_y={adj_y}) do not "
+        refuse(ctx, f"operands {a_shape} x {b_shape} (adj_x={adj_x}, adj_y={adj_y}) do not "
                      f"give the output {tuple(out.shape)}")
     shape = tuple(out.shape)
 
@@ -60,11 +60,11 @@ def batch_matmul(ctx: OpContext):
             return [np.matmul(a, b).astype(np.float32, copy=False).reshape(shape)]
         return run_float
     if types != (_I8, _I8, _I8):
-        _refuse(ctx, f"types {', '.join(t.type_name for t in (a_t, b_t, out))}: the numpy "
+        refuse(ctx, f"types {', '.join(t.type_name for t in (a_t, b_t, out))}: the numpy "
                      f"backend runs FLOAT32 and quantized INT8 batch matrix products")
     for t in (a_t, b_t, out):
         if len(t.scales) != 1:
-            _refuse(ctx, f"tensor {t.name!r} is not quantized per tensor")
+            refuse(ctx, f"tensor {t.name!r} is not quantized per tensor")
     real = float(np.float64(ctx.scale(a_t)) * np.float64(ctx.scale(b_t))
                  / np.float64(ctx.scale(out)))
     multiplier, shift = quantize_multiplier(real)

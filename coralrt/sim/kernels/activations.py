@@ -43,7 +43,7 @@ from coralrt.sim.fixedpoint import (
 from coralrt.sim.kernels import OpContext, register
 from coralrt.sim.kernels.elementwise import codes, refuse
 
-__all__ = ["gelu_8bit"]
+__all__: list[str] = []
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -160,36 +160,6 @@ def logistic(ctx: OpContext):
 def tanh(ctx: OpContext):
     _same_type(ctx)
     return _lut_run(_float_lut(ctx, _tanh), tuple(ctx.outputs[0].shape))
-
-
-# -- GELU: a float lookup table, for the CPU backends (the Edge TPU has none) -----------------
-
-_SQRT_HALF = np.float32(math.sqrt(0.5))
-_SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
-
-
-def _gelu_exact(v: np.ndarray) -> np.ndarray:
-    # 0.5 x erfc(-x / sqrt(2)), all in float32 with the C library's erfcf.
-    erfc = _float_map("erfcf", (v * -_SQRT_HALF).astype(np.float32),
-                      lambda d: np.array([math.erfc(x) for x in d]))
-    return (np.float32(0.5) * v) * erfc
-
-
-def _gelu_approximate(v: np.ndarray) -> np.ndarray:
-    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in float32.
-    inner = _SQRT_2_OVER_PI * (v + np.float32(0.044715) * v * v * v)
-    return (np.float32(0.5) * v) * (np.float32(1.0) + _tanh(inner.astype(np.float32)))
-
-
-def gelu_8bit(ctx: OpContext):
-    """GELU on uint8/int8 tensors as TFLite's reference kernel computes it: the
-    LUTPopulate table of the exact (erfc) or ``approximate`` (tanh) form.  Not
-    registered for the simulated Edge TPU, which has no GELU; the NumPy CPU
-    backend runs it."""
-    _same_type(ctx)
-    form = _gelu_approximate if ctx.params.get("approximate", False) else _gelu_exact
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _lut_run(_float_lut(ctx, form), tuple(ctx.outputs[0].shape))
 
 
 # -- HARD_SWISH: 16-bit fixed point ---------------------------------------------------------

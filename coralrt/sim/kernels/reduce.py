@@ -25,14 +25,14 @@ from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext, register
 
-__all__: list[str] = []
+__all__ = ["reduction_axes"]
 
 
 def _refuse(ctx: OpContext, detail: str):
     raise ModelError(detail, where=f"{ctx.op.name} operator")
 
 
-def _axes(ctx: OpContext) -> tuple[int, ...]:
+def reduction_axes(ctx: OpContext) -> tuple[int, ...]:
     """The constant axis input, negatives resolved and duplicates dropped."""
     value = ctx.const(1)
     if value is None:
@@ -62,7 +62,7 @@ def mean_or_sum(ctx: OpContext):
     if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or not len(x.scales) \
             or not len(out.scales):
         _refuse(ctx, "only quantized uint8 and int8 reductions are supported")
-    axes = _axes(ctx)
+    axes = reduction_axes(ctx)
     shape = tuple(out.shape)
     n = _count(x.shape, axes)
     in_zp, out_zp = ctx.zero_point(x), ctx.zero_point(out)
@@ -96,7 +96,7 @@ def reduce_max_min(ctx: OpContext):
     if dtype in (np.dtype(np.uint8), np.dtype(np.int8)) and (
             ctx.scale(x) != ctx.scale(out) or ctx.zero_point(x) != ctx.zero_point(out)):
         _refuse(ctx, "TFLite requires equal input and output quantization")
-    axes = _axes(ctx)
+    axes = reduction_axes(ctx)
     shape = tuple(out.shape)
     reducer = np.max if ctx.op.name == "REDUCE_MAX" else np.min
 
