@@ -234,8 +234,8 @@ def test_merge_segments_refuses_a_segment_input_nobody_produces():
 def test_merged_model_pipelines_over_sticks_and_extra_sticks_stay_idle(caplog):
     # The merged model of a compiled model cut after its Edge TPU operator, pipelined
     # (one segment would replicate by default): one TPU step, so one stage on usb:0 (with the CPU tail); usb:1 stays
-    # idle and the log says so.  The simulated sticks answer zeros for Google's
-    # programs (test-only switch of tests/support/sim.py): shapes, not values.
+    # idle and the log says so.  The simulated sticks answer placeholder bytes for
+    # Google's programs (test mode of tests/support/sim.py): shapes, not values.
     from support.sim import accept_dwn1
 
     from coralrt.sim.stick import SimulatedBackend

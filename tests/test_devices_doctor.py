@@ -412,7 +412,7 @@ def test_pi_guide_python_example_runs_on_the_simulated_stick(monkeypatch, capsys
     code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
     # The one change: a simulated stick instead of the USB bus.  The simulated Edge TPU
     # refuses edgetpu_compiler programs; the test-only switch lets the example's calls
-    # run through the driver (the stick answers zeros, so the classes are meaningless).
+    # run through the driver (placeholder output bytes, so the classes are meaningless).
     code = code.replace('target="coral")', 'target="coral", device=_sim_device())')
     assert "_sim_device()" in code
     from support.sim import dwn1_backend

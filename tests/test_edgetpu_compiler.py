@@ -483,7 +483,7 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
     # stand-in through the registered plugin and the custom op goes to the stick.
     # The simulated Edge TPU cannot execute edgetpu_compiler programs and says so
     # when the session is created; with the test-only switch of tests/support/sim.py
-    # the driver's DWN1 path runs (framing, hints; the stick answers zeros).
+    # the driver's DWN1 path runs (framing, hints; the stick answers placeholder bytes).
     import numpy as np
     from support.sim import accept_dwn1
 

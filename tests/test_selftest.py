@@ -17,9 +17,9 @@ from coralrt.selftest import CHIP_REASON, REPORT_KEYS, run_selftest
 from coralrt.selftest import libedgetpu as L
 from coralrt.selftest import models as M
 from coralrt.selftest import runner
-from coralrt.selftest.recorder import Transfer, compare_with_trace, plain_reads
+from coralrt.selftest.recorder import Transfer, compare_with_trace
 from coralrt.sim.stick import SimulatedBackend
-from coralrt.sim.stick.registers import OPEN_TRACE, parse_trace
+from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
 
 TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
 def _published_folders() -> list[Path]:
@@ -74,8 +74,9 @@ def test_simulated_end_to_end(tmp_path, capsys):
     assert checks["re-enumeration"]["measurements"]["address_after"] != \
         checks["re-enumeration"]["measurements"]["address_before"]
     rows = checks["register-readback"]["measurements"]["registers"]
-    assert len(rows) == len(plain_reads(OPEN_TRACE)) and all(r["equal"] for r in rows)
+    assert len(rows) == 6 and all(r["equal"] for r in rows)    # the modelled reset values
     assert checks["bring-up"]["measurements"]["writes_as_in_trace"]
+    assert checks["bring-up"]["measurements"]["explained_writes"] == 3   # EnableReset
     # Whatever needs the chip is skipped with the reason, never passed, no outputs compared.
     chip = [c for c in report["checks"] if c["needs_chip"]]
     assert {c["name"] for c in chip} >= {"parameter-caching", "libedgetpu-comparison",
@@ -129,41 +130,50 @@ def test_trace_data_is_the_reference_trace():
     if not TRACE.is_file():
         pytest.skip(f"{TRACE} is absent")
     assert parse_trace(TRACE.read_text()) == OPEN_TRACE
-    reads = {s.step for _, s in plain_reads(OPEN_TRACE)}
-    assert 4 not in reads and 5 not in reads        # the scu_ctrl_3 poll
-    assert {1, 3, 7, 8, 11, 13, 15, 25, 41, 43, 45, 51} == reads
 
 
-def test_a_register_that_differs_from_the_trace_fails(tmp_path, capsys):
-    if not TRACE.is_file():
-        pytest.skip(f"{TRACE} is absent")
-    lines = TRACE.read_text().splitlines()
-    changed = [ln.replace("0x00000001", "0x00000002") if ln.startswith("15\t") else ln
-               for ln in lines]
-    assert changed != lines
-    path = tmp_path / "trace.tsv"
-    path.write_text("\n".join(changed) + "\n")
-    backend = SimulatedBackend(n_devices=1, trace_path=path, lock_scope="process")
-    report = run_selftest(simulated=True, backend=backend)
-    checks = {c.name: c for c in report.checks}
-    c = checks["register-readback"]
-    assert c.status == "fail" and "0x1a000 read 0x2, trace 0x1" in c.summary
-    bad = [r for r in c.measurements["registers"] if not r["equal"]]
-    assert bad == [{"step": 15, "register": "0x1a000", "expected": "0x1", "read": "0x2",
-                    "equal": False}]
-    assert checks["bring-up"].status == "ok" and report.exit_status == 1
+def test_a_stick_whose_reset_values_differ_from_the_model_is_reported_not_failed(
+        monkeypatch):
+    from coralrt.sim.stick import chip
+    power_on = chip.ChipRegisters.power_on
+
+    def unlike_the_model(self):
+        power_on(self)
+        self.values[0x1A0D4] = 0x3
+
+    monkeypatch.setattr(chip.ChipRegisters, "power_on", unlike_the_model)
+    report = run_selftest(simulated=True)
+    c = {c.name: c for c in report.checks}["register-readback"]
+    assert c.status == "ok" and "1 of 6 differ" in c.summary and "please send" in c.summary
+    assert c.measurements["model_differences"] == [
+        {"register": "0x1a0d4", "model": "0x1", "read": "0x3", "equal": False}]
+    # The bring-up's read-modify-write follows what the stick answered: not the trace.
+    b = {c.name: c for c in report.checks}["bring-up"]
+    assert b.status == "fail" and "0x1a0d4: 0x80000003" in b.summary
+
+
+def _as_transfers(steps) -> list:
+    return [Transfer(0.0, 0x40 if s.op == "write" else 0xC0, s.request, s.register & 0xFFFF,
+                     s.register >> 16, s.value.to_bytes(s.length, "little")) for s in steps]
 
 
 def test_a_write_that_libedgetpu_does_not_make_is_reported():
-    fake = []
-    for s in OPEN_TRACE:
-        rt = 0x40 if s.op == "write" else 0xC0
-        fake.append(Transfer(0.0, rt, s.request, s.register & 0xFFFF, s.register >> 16,
-                             s.value.to_bytes(s.length, "little")))
+    fake = _as_transfers(OPEN_TRACE)
     assert compare_with_trace(fake, OPEN_TRACE)["writes_as_in_trace"]
     fake.insert(3, Transfer(0.0, 0x40, 1, 0xA000, 0x1, b"\x05\0\0\0"))
     result = compare_with_trace(fake, OPEN_TRACE)
     assert not result["writes_as_in_trace"] and "0x1a000" in result["write_differences"][0]
+
+
+def test_enable_reset_writes_are_the_only_extra_writes_allowed():
+    fake = _as_transfers(OPEN_TRACE)
+    sleep = Transfer(0.0, 0x40, 1, 0xA318, 0x1, (0x80C50410).to_bytes(4, "little"))
+    pulse = [Transfer(0.0, 0x40, 1, 0x907C, 0x1, bytes([v, 0, 0, 0])) for v in (0xF, 0)]
+    result = compare_with_trace(fake[:5] + [sleep] + pulse + fake[5:], OPEN_TRACE)
+    assert result["writes_as_in_trace"] and result["explained_writes"] == 3
+    missing = compare_with_trace(fake[:-2], OPEN_TRACE)     # the last write left out
+    assert not missing["writes_as_in_trace"]
+    assert "1 of the trace's writes were not made" in missing["write_differences"][0]
 
 
 # -- the non-simulated path never passes what it did not run -----------------------------

@@ -1,24 +1,34 @@
 """Chip bring-up over register control transfers, and the halt on close.
 
-:data:`OPEN_SEQUENCE` is the register sequence libedgetpu runs when it opens
-a stick whose firmware is running, as recorded in
-``libedgetpu-open-trace.tsv`` (a libusb trace published with
-geohot/edgetpuxray): the same registers are written with the same values in
-the same order (the outfeed chunk length is the USB 2 value on a USB 2 link,
-as libedgetpu does).  Reads are made where the trace makes them:
+:func:`bring_up` does what libedgetpu HEAD's ``UsbDriver::DoOpen`` does to the
+registers, function by function and in the same order (the names below are
+libedgetpu's; docs/usb.md, "Bring-up", lists every step and where it differs
+from the recorded open trace):
 
-* plain reads: the value is logged (and decoded where the reference says what
-  it means: the e-fuse revision in ``omc0_00``, the GCB clock gating in
-  ``scu_ctrl_2``); the write after a read uses the recorded value, as the
-  replays of XRAY and LibrEdgeTPU do;
-* polls: the register is read until the masked bits hold the expected value,
-  bounded by the transfer timeout.  The trace reads ``scu_ctrl_3`` twice,
-  0 then 1, before the power-state write, so the driver polls it until bit 0
-  is set.  The reference does not document that bit; the poll reproduces the
-  recorded exchange and fails with a timeout on a stick that never sets it.
+* ``BeagleTopLevelHandler::Open``: clear the inactive PHY modes of scu_ctrl_0,
+  read the GCB clock gating of scu_ctrl_2 (and ``DisableHardwareClockGate`` if
+  it is on);
+* ``EnableReset``: unless the chip already sleeps, set rg_force_sleep 0b11 and
+  poll until cur_pwr_state reads 2, then pulse ``gcbb_credit0``;
+* ``QuitReset``: rg_force_sleep 0b10 with the clocks of the chosen variant,
+  poll until cur_pwr_state reads 0, poll ``scalarCoreRunControl`` until it
+  reads its reset value 0, idle register, tile config broadcast polled until
+  it reads back, deep-sleep delays;
+* ``EnableHardwareClockGate``, ``InitializeChip`` (e-fuse revision, single
+  endpoint, outfeed chunk length of the link speed), ``RunControl(kMoveToRun)``
+  and ``RegisterAndEnableAllInterrupts``.
 
-Close halts the run controls (libedgetpu's ``RunControl(kMoveToHalt)``) and
-puts the chip back in reset (``EnableReset``) before the port reset.
+Registers that libedgetpu reads and writes back are read and written back here
+with the same fields changed, so the values written follow what the stick
+answers.  libedgetpu's polls spin without a time limit; these give up after the
+transfer timeout with :class:`~coralrt.errors.DeviceTimeoutError`.  The clock
+variant is a parameter: "std" (the throttled build's
+``PerformanceExpectation_High``, coralrt's default: Coral's own install
+instructions start with the standard-frequency runtime, and the maximum one
+makes the stick hot) or "max" (the direct build's ``PerformanceExpectation_Max``).
+
+Close (:func:`halt`) does the register side of libedgetpu's ``DoClose``:
+disable the interrupts, ``RunControl(kMoveToHalt)``, ``EnableReset``.
 
 After the sequence, :func:`pending_fatal` reads ``fatal_err_int_status``: a
 fatal error raised while the chip was brought up would otherwise surface only
@@ -40,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DeviceNotReadyError,
@@ -49,9 +58,9 @@ from coralrt.errors import (
 from coralrt.usb import constants as C
 from coralrt.usb.transport import Transport
 
-__all__ = ["Step", "OPEN_SEQUENCE", "open_sequence", "bring_up", "halt", "poll",
-           "read_fatal_status", "pending_fatal", "describe_fatal", "wait_ready", "answers",
-           "what_failed", "REPLUG_ADVICE"]
+__all__ = ["bring_up", "halt", "poll", "enable_reset", "quit_reset", "run_control",
+           "enable_interrupts", "disable_interrupts", "read_fatal_status", "pending_fatal",
+           "describe_fatal", "wait_ready", "answers", "what_failed", "REPLUG_ADVICE"]
 
 #: The advice of every error about a stick that stopped answering for good.
 REPLUG_ADVICE = ("unplug and replug the stick (a port reset does not bring such a stick "
@@ -62,75 +71,6 @@ REPLUG_ADVICE = ("unplug and replug the stick (a port reset does not bring such 
 _FINAL = (DeviceLostError, DevicePermissionError, DeviceBusyError, DeviceNotFoundError)
 
 log = logging.getLogger("coralrt.usb")
-
-
-@dataclass(frozen=True)
-class Step:
-    op: str                 # "read" | "poll" | "write"
-    register: int
-    value: int = 0          # write: the value; poll: the expected bits
-    mask: int = 0           # poll only
-    name: str = ""
-
-
-def _w(reg: int, value: int, name: str = "") -> Step:
-    return Step("write", reg, value, 0, name)
-
-
-def _r(reg: int, name: str) -> Step:
-    return Step("read", reg, 0, 0, name)
-
-
-_OUTFEED = "outfeed_chunk_length"
-
-OPEN_SEQUENCE: tuple[Step, ...] = (
-    # Open: clear the inactive PHY modes of scu_ctrl_0, read the GCB clock gating.
-    _r(C.SCU_CTRL_0, "scu_ctrl_0"),
-    _w(C.SCU_CTRL_0, 0x000F0059, "scu_ctrl_0"),
-    _r(C.SCU_CTRL_2, "scu_ctrl_2 (rg_gated_gcb)"),
-    Step("poll", C.SCU_CTRL_3, 0x1, 0x1, "scu_ctrl_3 bit 0"),
-    # QuitReset: force_sleep 0b10, "High" clocks (GCB 250 MHz, AXI 125 MHz).
-    _w(C.SCU_CTRL_3, 0x5085025C, "scu_ctrl_3"),
-    _r(C.SCU_CTRL_3, "scu_ctrl_3 (cur_pwr_state)"),
-    _r(C.SCALAR_CORE_RUN_CONTROL, "scalarCoreRunControl"),
-    _w(C.IDLE_REGISTER, 0x1, "idleRegister"),
-    _w(C.TILECONFIG0, 0x7F, "tileconfig0"),
-    _r(C.TILECONFIG0, "tileconfig0"),
-    _w(C.DEEP_SLEEP, 0x1E02, "deepSleep"),
-    # EnableHardwareClockGate.
-    _r(C.SCU_CTRL_2, "scu_ctrl_2"),
-    _w(C.SCU_CTRL_2, 0x00150000, "scu_ctrl_2"),
-    # InitializeChip.
-    _r(C.OMC0_00, "omc0_00 (e-fuse revision)"),
-    _w(C.DESCR_EP, 0xF0, "descr_ep"),
-    _w(C.MULTI_BO_EP, 0x0, "multi_bo_ep"),
-    _w(C.OUTFEED_CHUNK_LENGTH_REG, C.OUTFEED_CHUNK_LENGTH["usb3"], _OUTFEED),
-    # RunControl(kMoveToRun).
-    *(_w(reg, C.RUN_CONTROL_RUN) for reg in C.SCALAR_RUN_CONTROLS),
-    _w(C.TILECONFIG0, 0x7F, "tileconfig0"),
-    _r(C.TILECONFIG0, "tileconfig0"),
-    *(_w(reg, C.RUN_CONTROL_RUN) for reg in C.TILE_RUN_CONTROLS),
-    # RegisterAndEnableAllInterrupts.
-    _w(C.FATAL_ERR_INT_CONTROL, 0x1, "fatal_err_int_control"),
-    *(_w(reg, 0x1) for reg in C.TOP_LEVEL_INT_CONTROLS),
-    _r(C.OMC0_D4, "omc0_d4"),
-    _w(C.OMC0_D4, 0x80000001, "omc0_d4 (thm_warn_en)"),
-    _r(C.RAMBIST_CTRL_1, "rambist_ctrl_1"),
-    _w(C.RAMBIST_CTRL_1, 0x7F, "rambist_ctrl_1"),
-    _r(C.SCU_CTR_7, "scu_ctr_7"),
-    _w(C.SCU_CTR_7, 0x3F, "scu_ctr_7"),
-    _w(C.SLV_ABM_EN, 0x1), _w(C.MST_ABM_EN, 0x1),
-    _w(C.SLV_ERR_RESP_ISR_MASK, 0x3), _w(C.MST_ERR_RESP_ISR_MASK, 0x3),
-    _r(C.OMC0_D8, "omc0_d8"),
-    _w(C.OMC0_D8, 0x80000000, "omc0_d8 (sd_en)"),
-)
-
-
-def open_sequence(usb_speed: str = "usb3") -> tuple[Step, ...]:
-    """:data:`OPEN_SEQUENCE` with the outfeed chunk length of ``usb_speed``."""
-    chunk = C.OUTFEED_CHUNK_LENGTH["usb2" if usb_speed in ("usb2", "usb1") else "usb3"]
-    return tuple(Step(s.op, s.register, chunk, 0, s.name) if s.name == _OUTFEED else s
-                 for s in OPEN_SEQUENCE)
 
 
 def poll(t: Transport, register: int, mask: int, expected: int, *,
@@ -216,45 +156,148 @@ def answers(t: Transport, register: int = C.SCU_CTRL_0) -> bool:
     return True
 
 
-def bring_up(t: Transport, *, usb_speed: str = "usb3",
-             ready_timeout: float | None = None) -> dict:
-    """Run the open sequence; what the reads said (``efuse_revision``, ``gcb_gating``).
+def _rmw(t: Transport, register: int, *fields: tuple[tuple[int, int], int]) -> int:
+    """Read ``register``, replace ``fields`` ((shift, width), bits), write it back; the
+    value read."""
+    value = t.read_register(register)
+    new = value
+    for f, bits in fields:
+        new = C.with_field(new, f, bits)
+    t.write_register(register, new)
+    return value
 
-    ``ready_timeout``: make the first read through :func:`wait_ready` (None: once,
-    like every other transfer)."""
-    info: dict = {}
-    for i, step in enumerate(open_sequence(usb_speed)):
-        if i == 0 and ready_timeout is not None and step.op == "read":
-            value = wait_ready(t, step.register, ready_timeout)
-            log.debug("%s: %s = %#x", t.path, step.name, value)
-        elif step.op == "write":
-            t.write_register(step.register, step.value)
-        elif step.op == "poll":
-            poll(t, step.register, step.mask, step.value, what=step.name)
-        else:
-            value = t.read_register(step.register)
-            log.debug("%s: %s = %#x", t.path, step.name, value)
-            if step.register == C.OMC0_00:
-                info["efuse_revision"] = (value >> 24) & 0xFF
-            elif step.register == C.SCU_CTRL_2 and "gated" in step.name:
-                info["gcb_gating"] = (value >> 18) & 0x3
+
+def _poll_field(t: Transport, register: int, f: tuple[int, int], expected: int,
+                what: str, timeout: float | None = None) -> int:
+    mask = ((1 << f[1]) - 1) << f[0]
+    return poll(t, register, mask, expected << f[0], what=what, timeout=timeout)
+
+
+def enable_reset(t: Transport, *, timeout: float | None = None) -> None:
+    """libedgetpu's ``BeagleTopLevelHandler::EnableReset``: unless rg_force_sleep is
+    already 0b11, set it, wait for cur_pwr_state 2 (the GCB is then in reset), and
+    pulse ``gcbb_credit0`` to clear the bulk credits."""
+    value = t.read_register(C.SCU_CTRL_3)
+    if C.field(value, C.SCU3_FORCE_SLEEP) == C.FORCE_SLEEP_ON:
+        return
+    t.write_register(C.SCU_CTRL_3, C.with_field(value, C.SCU3_FORCE_SLEEP, C.FORCE_SLEEP_ON))
+    _poll_field(t, C.SCU_CTRL_3, C.SCU3_CUR_PWR_STATE, C.PWR_STATE_SLEEP,
+                "scu_ctrl_3 cur_pwr_state (sleep)", timeout)
+    t.write_register(C.GCBB_CREDIT0, 0xF)
+    t.write_register(C.GCBB_CREDIT0, 0x0)
+
+
+def quit_reset(t: Transport, clock: str) -> None:
+    """libedgetpu's ``QuitReset``: rg_force_sleep 0b10 with the clocks of ``clock``,
+    wait for cur_pwr_state 0, check that the scalar core's run control reads its reset
+    value 0, enable the idle register, broadcast the tile config (and wait until it
+    reads back) and set the tiles' sleep and wake delays."""
+    gcb, axi, i8051 = C.CLOCKS[clock]
+    _rmw(t, C.SCU_CTRL_3, (C.SCU3_FORCE_SLEEP, C.FORCE_SLEEP_OFF), (C.SCU3_GCB_CLKDIV, gcb),
+         (C.SCU3_AXI_CLK_125M, axi), (C.SCU3_8051_CLK_250M, i8051))
+    _poll_field(t, C.SCU_CTRL_3, C.SCU3_CUR_PWR_STATE, C.PWR_STATE_RUN,
+                "scu_ctrl_3 cur_pwr_state (run)")
+    poll(t, C.SCALAR_CORE_RUN_CONTROL, ~0, 0, what="scalarCoreRunControl after reset")
+    t.write_register(C.IDLE_REGISTER, C.IDLE_REGISTER_ENABLE_COUNTER_1)
+    _broadcast_tile_config(t)
+    t.write_register(C.DEEP_SLEEP, C.DEEP_SLEEP_DELAYS)
+
+
+def _broadcast_tile_config(t: Transport) -> None:
+    t.write_register(C.TILECONFIG0, C.TILE_CONFIG_BROADCAST)
+    poll(t, C.TILECONFIG0, ~0, C.TILE_CONFIG_BROADCAST, what="tileconfig0 read-back")
+
+
+def run_control(t: Transport, state: int) -> None:
+    """libedgetpu's ``RunController::DoRunControl``: the scalar core's run controls,
+    the tile config broadcast (and its read-back), then the tiles' run controls."""
+    for reg in C.SCALAR_RUN_CONTROLS:
+        t.write_register(reg, state)
+    _broadcast_tile_config(t)
+    for reg in C.TILE_RUN_CONTROLS:
+        t.write_register(reg, state)
+
+
+def enable_interrupts(t: Transport) -> None:
+    """libedgetpu's ``RegisterAndEnableAllInterrupts``: the fatal-error interrupt, the
+    four top-level interrupts, then (``BeagleTopLevelInterruptManager``) thermal
+    warning, MBIST, PCIe error and thermal shutdown."""
+    t.write_register(C.FATAL_ERR_INT_CONTROL, C.FATAL_ERR_INT_CONTROL_ALL)
+    for reg in C.TOP_LEVEL_INT_CONTROLS:
+        t.write_register(reg, 0x1)
+    _rmw(t, C.OMC0_D4, (C.OMC_THM_WARN_EN, 1))
+    _rmw(t, C.RAMBIST_CTRL_1, (C.RAMBIST_INT_STATUS, 0), (C.RAMBIST_INT_MASK, 0))
+    _rmw(t, C.SCU_CTR_7, (C.SCU7_PLL_LOCK_FAILURE, 0), (C.SCU7_USB_SEL_FAILURE, 0),
+         (C.SCU7_BOOT_FAILURE_MASK, 0))
+    t.write_register(C.SLV_ABM_EN, 1)
+    t.write_register(C.MST_ABM_EN, 1)
+    t.write_register(C.SLV_ERR_RESP_ISR_MASK, 0x3)
+    t.write_register(C.MST_ERR_RESP_ISR_MASK, 0x3)
+    _rmw(t, C.OMC0_D8, (C.OMC_SD_EN, 1))
+
+
+def disable_interrupts(t: Transport) -> None:
+    """libedgetpu's ``DisableAllInterrupts``: the top-level interrupts (controls, then
+    the four sources), then the fatal-error interrupt."""
+    for reg in C.TOP_LEVEL_INT_CONTROLS:
+        t.write_register(reg, 0x0)
+    _rmw(t, C.OMC0_D4, (C.OMC_THM_WARN_EN, 0))
+    _rmw(t, C.RAMBIST_CTRL_1, (C.RAMBIST_INT_MASK, 0x7))
+    _rmw(t, C.SCU_CTR_7, (C.SCU7_BOOT_FAILURE_MASK, 0x3))
+    t.write_register(C.SLV_ABM_EN, 0)
+    t.write_register(C.MST_ABM_EN, 0)
+    t.write_register(C.SLV_ERR_RESP_ISR_MASK, 0)
+    t.write_register(C.MST_ERR_RESP_ISR_MASK, 0)
+    _rmw(t, C.OMC0_D8, (C.OMC_SD_EN, 0))
+    t.write_register(C.FATAL_ERR_INT_CONTROL, 0x0)
+
+
+def bring_up(t: Transport, *, usb_speed: str = "usb3", clock: str = C.DEFAULT_CLOCK,
+             ready_timeout: float | None = None) -> dict:
+    """Bring the chip up as libedgetpu's ``UsbDriver::DoOpen`` does; what the reads
+    said (``efuse_revision``, ``gcb_gating``).
+
+    ``clock``: "std" (libedgetpu's throttled build, the default) or "max" (its direct
+    build), see ``C.CLOCKS``.  ``ready_timeout``: make the first read through
+    :func:`wait_ready` (None: once, like every other transfer)."""
+    if clock not in C.CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(C.CLOCKS)}, not {clock!r}")
+    info: dict = {"clock": clock}
+    # BeagleTopLevelHandler::Open: leave the inactive PHY modes, look at the GCB gating.
+    if ready_timeout is not None:
+        scu0 = wait_ready(t, C.SCU_CTRL_0, ready_timeout)
+    else:
+        scu0 = t.read_register(C.SCU_CTRL_0)
+    t.write_register(C.SCU_CTRL_0, C.with_field(C.with_field(
+        scu0, C.SCU0_PCIE_INACT_PHY_MODE, 0), C.SCU0_USB_INACT_PHY_MODE, 0))
+    gating = C.field(t.read_register(C.SCU_CTRL_2), C.SCU2_GATED_GCB)
+    info["gcb_gating"] = gating
+    hardware_gated = gating == C.GATED_GCB_HARDWARE
+    if hardware_gated:          # DisableHardwareClockGate
+        _rmw(t, C.SCU_CTRL_2, (C.SCU2_GATED_GCB, C.GATED_GCB_NONE))
+    # A clean GCB: into reset, and out of it with the chosen clocks.
+    enable_reset(t)
+    quit_reset(t, clock)
+    _rmw(t, C.SCU_CTRL_2, (C.SCU2_GATED_GCB, C.GATED_GCB_HARDWARE))  # EnableHardwareClockGate
+    # UsbDriver::InitializeChip.
+    info["efuse_revision"] = C.field(t.read_register(C.OMC0_00), C.EFUSE_REVISION)
+    t.write_register(C.DESCR_EP, 0xF0)        # only the scalar core's host interrupts
+    t.write_register(C.MULTI_BO_EP, 0x0)      # single-endpoint mode
+    chunk = C.OUTFEED_CHUNK_LENGTH["usb2" if usb_speed in ("usb2", "usb1") else "usb3"]
+    t.write_register(C.OUTFEED_CHUNK_LENGTH_REG, chunk)
+    run_control(t, C.RUN_CONTROL_RUN)
+    enable_interrupts(t)
     log.debug("%s: chip brought up (%s)", t.path, info)
     return info
 
 
 def halt(t: Transport, *, timeout: float = 0.5) -> None:
-    """RunControl(kMoveToHalt) then EnableReset; raises DeviceError if the stick does not answer."""
-    for reg in C.SCALAR_RUN_CONTROLS + C.TILE_RUN_CONTROLS:
-        t.write_register(reg, C.RUN_CONTROL_HALT)
-    value = t.read_register(C.SCU_CTRL_3)
-    if (value >> 22) & 0x3 != 0x3:
-        t.write_register(C.SCU_CTRL_3, value | (0x3 << 22))
-        try:
-            poll(t, C.SCU_CTRL_3, 0x3 << 8, 0x2 << 8, timeout=timeout, what="cur_pwr_state")
-        except DeviceTimeoutError as e:
-            log.debug("%s: %s", t.path, e)
-        t.write_register(C.GCBB_CREDIT0, 0xF)
-        t.write_register(C.GCBB_CREDIT0, 0x0)
+    """The register side of libedgetpu's ``UsbDriver::DoClose``: disable the interrupts,
+    ``RunControl(kMoveToHalt)``, then ``EnableReset`` (the chip goes to sleep, the GCB
+    into reset).  Raises DeviceError if the stick does not answer."""
+    disable_interrupts(t)
+    run_control(t, C.RUN_CONTROL_HALT)
+    enable_reset(t, timeout=timeout)
 
 
 def read_fatal_status(t: Transport) -> tuple[int, int] | None:

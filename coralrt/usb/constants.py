@@ -131,7 +131,58 @@ TOP_LEVEL_INT_CONTROLS = (0x4C070, 0x4C080, 0x4C090, 0x4C0A0)
 HIB_ERROR_STATUS = 0x486F0
 HIB_FIRST_ERROR_STATUS = 0x48700
 
+FATAL_ERR_INT_CONTROL_ALL = 0x1       # one fatal interrupt (InterruptController: (1<<n)-1)
+TOP_LEVEL_INT_STATUSES = (0x4C078, 0x4C088, 0x4C098, 0x4C0A8)
+TOP_LEVEL_INT_CONTROL = 0x486B0
+
 RUN_CONTROL_IDLE, RUN_CONTROL_RUN, RUN_CONTROL_HALT = 0, 1, 2
+
+# -- register fields (beagle_csr_helper.h, common_csr_helper.h) ------------------------------
+# Each is (shift, width).  scu_ctrl_0: the inactive PHY modes the open clears.
+SCU0_PCIE_INACT_PHY_MODE = (8, 3)
+SCU0_USB_INACT_PHY_MODE = (11, 3)
+# scu_ctrl_2: rg_gated_gcb (0 deprecated, 1 hardware clock gating, 2 no gating).
+SCU2_GATED_GCB = (18, 2)
+GATED_GCB_HARDWARE, GATED_GCB_NONE = 1, 2
+# scu_ctrl_3: the power state machine and the clocks (ScuCtrl3).
+SCU3_CUR_PWR_STATE = (8, 2)        # read-only: 0 run, 2 sleep
+SCU3_FORCE_SLEEP = (22, 2)         # 3: force sleep (GCB in reset); 0b10: stay awake
+SCU3_GCB_CLKDIV = (28, 2)          # 0: 500 MHz, 1: 250, 2: 125, 3: 63
+SCU3_AXI_CLK_125M = (30, 1)        # 1: 125 MHz, 0: 250 MHz
+SCU3_8051_CLK_250M = (31, 1)       # 1: 250 MHz, 0: 500 MHz
+SCU3_STATUS_BITS = (0, 12)         # bits the chip sets (power state, GCB reset, gating)
+PWR_STATE_RUN, PWR_STATE_SLEEP = 0, 2
+FORCE_SLEEP_ON, FORCE_SLEEP_OFF = 0b11, 0b10
+# The clock settings libedgetpu's QuitReset writes for a USB stick, by the name of the
+# libedgetpu package that uses them: "max" (libedgetpu1-max, the direct build,
+# PerformanceExpectation_Max) and "std" (libedgetpu1-std, the throttled build,
+# PerformanceExpectation_High).  Values: (gcb clkdiv, axi_clk_125m, 8051_clk_250m).
+CLOCKS = {"max": (0, 0, 0), "std": (1, 1, 0)}
+DEFAULT_CLOCK = "std"
+# omc0_d4 bit 31: thermal warning enable; omc0_d8 bit 31: thermal shutdown enable.
+OMC_THM_WARN_EN = (31, 1)
+OMC_SD_EN = (31, 1)
+# rambist_ctrl_1: MBIST interrupt status and mask; scu_ctr_7: boot failure bits and mask.
+RAMBIST_INT_STATUS = (16, 3)
+RAMBIST_INT_MASK = (20, 3)
+SCU7_PLL_LOCK_FAILURE = (16, 1)
+SCU7_USB_SEL_FAILURE = (17, 1)
+SCU7_BOOT_FAILURE_MASK = (18, 2)
+EFUSE_REVISION = (24, 8)           # omc0_00
+IDLE_REGISTER_ENABLE_COUNTER_1 = 0x1        # IdleRegister: enabled, counter 1
+TILE_CONFIG_BROADCAST = 0x7F                # TileConfig<7>: broadcast to every tile
+DEEP_SLEEP_DELAYS = 0x1E02                  # DeepSleep: to_sleep 2, to_wake 30
+
+
+def field(value: int, f: tuple[int, int]) -> int:
+    """Bits ``f`` = (shift, width) of ``value``."""
+    return (value >> f[0]) & ((1 << f[1]) - 1)
+
+
+def with_field(value: int, f: tuple[int, int], bits: int) -> int:
+    """``value`` with its bits ``f`` replaced by ``bits``."""
+    mask = ((1 << f[1]) - 1) << f[0]
+    return (value & ~mask) | ((bits << f[0]) & mask)
 
 SCALAR_RUN_CONTROLS = (SCALAR_CORE_RUN_CONTROL, AV_DATA_POP_RUN_CONTROL,
                        PARAMETER_POP_RUN_CONTROL, INFEED_RUN_CONTROL, OUTFEED_RUN_CONTROL)

@@ -98,7 +98,12 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     def __init__(self, path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,
                  firmware=None, reenumeration_timeout: float = C.REENUMERATION_TIMEOUT,
-                 open_retries: int = C.OPEN_RETRIES, ready_timeout: float = C.READY_TIMEOUT):
+                 open_retries: int = C.OPEN_RETRIES, ready_timeout: float = C.READY_TIMEOUT,
+                 clock: str = C.DEFAULT_CLOCK):
+        if clock not in C.CLOCKS:
+            raise ConfigError(f"clock={clock!r}: one of {', '.join(sorted(C.CLOCKS))} (the "
+                              f"clock variants of libedgetpu's std and max builds, docs/usb.md)")
+        self.clock = clock
         self.requested = path
         self.path = path or "usb"
         self.backend = backend
@@ -160,7 +165,8 @@ class UsbEdgeTpu(EdgeTpuDevice):
                                   f"libedgetpu rejects; use a USB 2 or USB 3 port", path=info.path)
             t = Transport(dev, timeout=self.timeout, path=info.path)
             self.chip_info = bringup.bring_up(t, usb_speed=self.usb_speed,
-                                              ready_timeout=self.ready_timeout)
+                                              ready_timeout=self.ready_timeout,
+                                              clock=self.clock)
             # A fatal error raised during bring-up would otherwise show only as the
             # first run's timeout: read the fatal status before handing the stick out
             # (the interface and handle are let go below, as on every failure).

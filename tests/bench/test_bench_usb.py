@@ -4,8 +4,9 @@ models, warm (parameters cached).  The figure reported is the median run time
 minus the raw copy of the input and output bytes (what any driver must do);
 goal: below 0.3 ms.  It includes the simulated stick's own bookkeeping, so it
 is an upper bound of the driver's share.  No real stick is involved: the
-simulated stick lets the DWN1 streams through by the test-only switch of
-``tests/support/sim.py`` (it records them and answers zeros)."""
+simulated stick plays the DWN1 programs' transfers in the test mode of
+``tests/support/sim.py`` (it recognises the instructions and answers placeholder
+bytes computed from the inputs)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import usb.core
 
 import coralrt
 from conftest import REPO_ROOT, shared_model
-from support.sim import dwn1_backend, isolated_dirs  # noqa: F401 (fixtures)
+from support.sim import accept_dwn1, dwn1_backend, isolated_dirs  # noqa: F401 (fixtures)
 
 from coralrt.cli.main import main as cli_main
 from coralrt.errors import (
@@ -135,25 +135,35 @@ def test_installed_firmware_is_verified_and_used(tmp_path, monkeypatch):
 
 # -- bring-up against the recorded trace ----------------------------------------------------
 
+def _transfers(transcript) -> list:
+    from coralrt.selftest.recorder import Transfer
+    return [Transfer(0.0, 0x40 if e["op"] == "write" else 0xC0, 1 if e["length"] == 4 else 0,
+                     e["register"] & 0xFFFF, e["register"] >> 16,
+                     e["value"].to_bytes(e["length"], "little"))
+            for e in transcript if e["op"] in ("read", "write")]
+
+
 def test_bringup_writes_match_the_trace_on_the_simulated_stick():
-    want = [(reg, value) for op, reg, value in trace_steps() if op == "write"]
+    from coralrt.selftest.open_trace import OPEN_TRACE
+    from coralrt.selftest.recorder import compare_with_trace
     b = SimulatedBackend(firmware_loaded=True, transcript_limit=None)
     with open_device(backend=b):
-        got = [(e["register"], e["value"]) for e in b.transcript if e["op"] == "write"]
-    assert got[:len(want)] == want
-    reads = [e["register"] for e in b.transcript if e["op"] == "read"][:14]
-    assert reads == [reg for op, reg, _ in trace_steps() if op == "read"]
+        opened = _transfers(b.transcript)
+    result = compare_with_trace(opened, OPEN_TRACE)
+    assert result["writes_as_in_trace"], result["write_differences"]
+    assert result["explained_writes"] == 3          # EnableReset: the stick was awake
 
 
-class TraceFake:
-    """Only ctrl_transfer: answers reads in the recorded order per register."""
+class AsleepFake:
+    """Only ctrl_transfer: registers that hold what is written, starting from the values
+    the recorded open implies (a stick already asleep, force_sleep 0b11), with
+    cur_pwr_state following force_sleep at once."""
 
-    def __init__(self, steps, *, stuck: int | None = None):
-        self.answers: dict[int, list[int]] = {}
-        for op, reg, value in steps:
-            if op == "read":
-                self.answers.setdefault(reg, []).append(value)
-        self.values: dict[int, int] = {}
+    START = {0x1A30C: 0x000F0959, 0x1A314: 0x00190000, 0x1A318: 0x80C5025C,
+             0x1A33C: 0x000C003F, 0x1A0D4: 0x1, 0x1A704: 0x0070007F}
+
+    def __init__(self, *, stuck: int | None = None):
+        self.values = dict(self.START)
         self.writes: list[tuple[int, int]] = []
         self.stuck = stuck
 
@@ -162,13 +172,10 @@ class TraceFake:
         width = 4 if req == 1 else 8
         assert timeout > 0
         if rtype == 0xC0:
-            queue = self.answers.get(reg)
-            if reg == self.stuck:
-                v = 0
-            elif queue:
-                v = self.values[reg] = queue.pop(0)
-            else:
-                v = self.values.get(reg, 0)
+            v = 0 if reg == self.stuck else self.values.get(reg, 0)
+            if reg == C.SCU_CTRL_3 and reg != self.stuck:
+                asleep = C.field(v, C.SCU3_FORCE_SLEEP) == 3
+                v = C.with_field(v, C.SCU3_CUR_PWR_STATE, 2 if asleep else 0)
             return array.array("B", v.to_bytes(width, "little"))
         assert rtype == 0x40 and len(data_or_len) == width
         v = int.from_bytes(bytes(data_or_len), "little")
@@ -178,19 +185,29 @@ class TraceFake:
 
 
 @pytest.mark.parametrize("speed", ["usb3", "usb2"])
-def test_bringup_writes_match_the_trace_on_a_minimal_fake(speed):
-    steps = trace_steps()
-    fake = TraceFake(steps)
+def test_bringup_of_an_asleep_stick_writes_exactly_the_trace(speed):
+    """The recorded open's stick was asleep: EnableReset returned at once, and every
+    other write follows from libedgetpu's read-modify-write of these values."""
+    fake = AsleepFake()
     bringup.bring_up(Transport(fake, timeout=1.0), usb_speed=speed)
-    want = [(reg, value) for op, reg, value in steps if op == "write"]
+    want = [(reg, value) for op, reg, value in trace_steps() if op == "write"]
     if speed == "usb2":
         want = [(r, 0x20 if r == C.OUTFEED_CHUNK_LENGTH_REG else v) for r, v in want]
     assert fake.writes == want
 
 
+def test_bringup_at_max_clock_writes_the_direct_builds_clock_bits():
+    fake = AsleepFake()
+    bringup.bring_up(Transport(fake, timeout=1.0), clock="max")
+    scu3 = [v for r, v in fake.writes if r == C.SCU_CTRL_3]
+    assert scu3 == [0x0085025C]                     # 500 MHz GCB, 250 MHz AXI, 500 MHz 8051
+    with pytest.raises(ValueError, match="clock"):
+        bringup.bring_up(Transport(AsleepFake(), timeout=1.0), clock="turbo")
+
+
 def test_bringup_poll_is_bounded_by_the_timeout():
     import time
-    fake = TraceFake(trace_steps(), stuck=C.SCU_CTRL_3)
+    fake = AsleepFake(stuck=C.SCU_CTRL_3)
     start = time.monotonic()
     with pytest.raises(DeviceTimeoutError, match="0x1a318"):
         bringup.bring_up(Transport(fake, timeout=0.2))
@@ -426,8 +443,8 @@ def test_simulated_stick_refuses_edgetpu_compiler_programs_at_session_creation()
 
 
 def test_session_drives_edgetpu_compiled_models_on_a_stick_that_accepts_them():
-    # The driver's DWN1 path through a session (test switch: the stick records the
-    # streams and answers zeros, which are not the model's outputs).
+    # The driver's DWN1 path through a session (test mode: the stick plays the
+    # program's transfers with placeholder bytes, which are not the model's outputs).
     from coralrt import InferenceSession
     from conftest import random_inputs
 
@@ -514,7 +531,7 @@ def test_backend_without_extension_is_a_real_stick_that_refuses_native_segments(
             InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"),
                              target="sim", device=dev)
         # DWN1 programs are what a real stick runs; its device time is not measured.
-        plain.inner._accept_dwn1_for_tests = True       # (the stick underneath is simulated)
+        accept_dwn1(plain.inner)                        # (the stick underneath is simulated)
         h = dev.load(custom_options("mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
         dev.run(h, [np.zeros(layer.shape, np.uint8) for layer in h.exe.inputs])
         assert dev.last_stats.device_seconds == 0.0 and dev.last_stats.host_seconds > 0

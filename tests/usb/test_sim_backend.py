@@ -22,8 +22,11 @@ from coralrt.model.builder import ModelBuilder
 from coralrt.sim.runner import SegmentRunner
 from coralrt.sim.latency import LatencyModel
 from coralrt.sim.stick import Fault, FaultPlan, SimulatedBackend
-from coralrt.sim.stick.registers import OPEN_TRACE
-from coralrt.sim.stick.registers import parse_trace
+from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
+from coralrt.sim.stick.chip import RESET_VALUES
+from coralrt.usb import bringup
+from coralrt.usb import constants as C
+from coralrt.usb.transport import Transport
 
 BOOT, APP = (0x1A6E, 0x089A), (0x18D1, 0x9302)
 TRACE_TSV = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
@@ -42,7 +45,7 @@ def find(backend, ids=None) -> list:
 def running(*, dwn1: bool = False, **kw):
     kw.setdefault("transcript_limit", None)      # tests read the transcript from its start
     backend = SimulatedBackend(firmware_loaded=True, **kw)
-    if dwn1:                    # the test-only switch: raw (DWN1) streams answered with zeros
+    if dwn1:                    # test mode: the shared compiled models' DWN1 programs known
         accept_dwn1(backend)
     dev = find(backend, APP)[0]
     dev.set_configuration(1)
@@ -61,15 +64,17 @@ def reg_write(dev, register, width, value):
                       value.to_bytes(width, "little"))
 
 
-def bring_up(dev) -> list[int]:
-    """Replay the recorded open sequence; return the values the stick answered."""
-    answers = []
-    for s in OPEN_TRACE:
-        if s.op == "read":
-            answers.append(reg_read(dev, s.register, s.length))
-        else:
-            reg_write(dev, s.register, s.length, s.value)
-    return answers
+def bring_up(dev) -> dict:
+    """The driver's bring-up register sequence (libedgetpu's), over these pyusb calls."""
+    return bringup.bring_up(Transport(dev, timeout=1.0))
+
+
+def bring_up_ops() -> list[str]:
+    """The transcript ops ("read"/"write") of one bring-up of a fresh stick."""
+    backend, dev = running()
+    start = len(backend.transcript)
+    bring_up(dev)
+    return [t["op"] for t in backend.transcript[start:] if t["op"] in ("read", "write")]
 
 
 def send(dev, tag: int, payload: bytes, chunk: int = 1 << 20, joined: bool = False) -> None:
@@ -254,36 +259,76 @@ def test_slow_reenumeration_after_dfu():
 # -- registers ----------------------------------------------------------------------------
 
 
-def test_register_reads_replay_the_recorded_trace_in_order():
+def test_registers_start_at_their_reset_values_and_a_port_reset_restores_them():
     backend, dev = running()
-    answers = bring_up(dev)
-    assert answers == [s.value for s in OPEN_TRACE if s.op == "read"]
-    regs = [(t["op"], t["register"], t["value"]) for t in backend.transcript
-            if t["op"] in ("read", "write")]
-    assert regs == [(s.op, s.register, s.value) for s in OPEN_TRACE]
-    # Recorded answers used up: the register reads back the last value written or answered.
-    assert reg_read(dev, 0x1A318, 4) == 0x50C5025C
-    assert reg_read(dev, 0x1A0D8, 4) == 0x80000000
+    for register, value in RESET_VALUES.items():
+        assert reg_read(dev, register, 4) == value
     assert reg_read(dev, 0x4C0B8, 8) == 0                    # never touched
+    assert reg_read(dev, C.SCALAR_CORE_RUN_CONTROL, 8) == 0
+    bring_up(dev)
     reg_write(dev, 0x4C0B8, 8, 0x1234_5678_9ABC)
     assert reg_read(dev, 0x4C0B8, 8) == 0x1234_5678_9ABC
-    # A port reset brings back the recorded power-on answers.
+    assert reg_read(dev, C.SCU_CTRL_0, 4) == 0x000F0059     # inactive PHY modes cleared
     dev.reset()
     dev = find(backend, APP)[0]
-    assert reg_read(dev, 0x1A30C, 4) == 0xB76A0001
+    assert reg_read(dev, C.SCU_CTRL_0, 4) == RESET_VALUES[C.SCU_CTRL_0]
+    assert reg_read(dev, 0x4C0B8, 8) == 0
     with pytest.raises(usb.core.USBError):                  # 64-bit request, 4-byte length
         dev.ctrl_transfer(0xC0, 0, 0x8788, 0x4, 4)
 
 
-def test_builtin_trace_equals_the_reference_tsv(tmp_path):
+def _pwr(dev) -> int:
+    return C.field(reg_read(dev, C.SCU_CTRL_3, 4), C.SCU3_CUR_PWR_STATE)
+
+
+def test_the_power_state_follows_force_sleep_after_a_read_and_sleep_resets_the_gcb():
+    backend, dev = running()
+    bring_up(dev)
+    assert _pwr(dev) == C.PWR_STATE_RUN
+    assert reg_read(dev, C.SCALAR_CORE_RUN_CONTROL, 8) == C.RUN_CONTROL_RUN
+    value = reg_read(dev, C.SCU_CTRL_3, 4)
+    reg_write(dev, C.SCU_CTRL_3, 4, C.with_field(value, C.SCU3_FORCE_SLEEP, 3))
+    assert _pwr(dev) == C.PWR_STATE_RUN                     # the first read: not yet
+    assert _pwr(dev) == C.PWR_STATE_SLEEP
+    # Asleep, the GCB is in reset: its registers read 0 and writes are dropped.
+    assert reg_read(dev, C.SCALAR_CORE_RUN_CONTROL, 8) == 0
+    reg_write(dev, C.SCALAR_CORE_RUN_CONTROL, 8, 1)
+    assert backend.transcript[-1]["dropped"].startswith("the GCB is in reset")
+    with pytest.raises(usb.core.USBTimeoutError):           # bulk out needs a running core
+        dev.write(0x01, struct.pack("<II", 4, 0) + b"abcd", timeout=100)
+    value = reg_read(dev, C.SCU_CTRL_3, 4)
+    reg_write(dev, C.SCU_CTRL_3, 4, C.with_field(value, C.SCU3_FORCE_SLEEP, 2))
+    assert [_pwr(dev), _pwr(dev)] == [C.PWR_STATE_SLEEP, C.PWR_STATE_RUN]
+    assert reg_read(dev, C.SCALAR_CORE_RUN_CONTROL, 8) == 0  # out of reset: reset value
+
+
+def test_tile_config_reads_back_late_and_status_bits_clear_on_zero():
+    backend, dev = running()
+    bring_up(dev)
+    reg_write(dev, C.TILECONFIG0, 8, 0x15)
+    assert [reg_read(dev, C.TILECONFIG0, 8) for _ in range(2)] == [0x7F, 0x15]
+    backend.inject("fatal")
+    with pytest.raises(usb.core.USBTimeoutError):
+        dev.write(0x01, struct.pack("<II", 4, 0) + b"abcd", timeout=100)
+    assert reg_read(dev, C.FATAL_ERR_INT_STATUS, 8) == 1
+    reg_write(dev, C.FATAL_ERR_INT_STATUS, 8, 0)            # libedgetpu: all ones but bit 0
+    assert reg_read(dev, C.FATAL_ERR_INT_STATUS, 8) == 0
+
+
+def test_a_fatal_error_interrupts_only_while_the_host_enabled_it():
+    backend, dev = running()
+    backend.inject("fatal")                                  # before the bring-up
+    reg_read(dev, C.SCU_CTRL_0, 4)
+    entry = [t for t in backend.transcript if t["op"] == "fatal"][-1]
+    assert entry["interrupt"] is False
+    with pytest.raises(usb.core.USBTimeoutError):
+        dev.read(0x83, 4, timeout=50)
+
+
+def test_builtin_trace_equals_the_reference_tsv():
     if not TRACE_TSV.is_file():
         pytest.skip(f"{TRACE_TSV} is absent")
     assert parse_trace(TRACE_TSV.read_text()) == OPEN_TRACE
-    custom = tmp_path / "trace.tsv"
-    custom.write_text("# mine\nstep\top\tbmRequestType\tbRequest\tregister\twLength\tvalue\n"
-                      "1\tread\t0xc0\t1\t0x1a000\t4\t0xdeadbeef\n")
-    backend = SimulatedBackend(firmware_loaded=True, trace_path=custom)
-    assert reg_read(find(backend)[0], 0x1A000, 4) == 0xDEADBEEF
     with pytest.raises(ValueError, match="line 1"):
         parse_trace("1\tpeek\t0xc0\t1\t0x1\t4\t0x0")
 
@@ -347,25 +392,35 @@ def test_dwn1_streams_are_refused_with_an_error_event():
     check_run(dev, small_segment(), encode(small_segment()))  # segments still run
 
 
-def test_dwn1_streams_with_the_test_switch_are_recorded_and_answered_with_zeros():
+def test_dwn1_streams_with_the_test_switch_are_answered_request_by_request():
+    # Test mode (details in test_dwn1_requests.py): the stick knows the programs of the
+    # shared compiled models and answers each request, once, with placeholder bytes.
+    from coralrt.formats.dwn1 import parse_package, select_executables
+    from support.sim import packages_of
+    (program,) = packages_of(shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
+    pc, eo = select_executables(parse_package(program))
     backend, dev = running(dwn1=True)
     bring_up(dev)
     with pytest.raises(usb.core.USBTimeoutError):            # nothing sent yet
         dev.read(0x82, 16, timeout=20)
-    params = bytes(range(256)) * 40
-    send(dev, 0, b"PC-bitstream")
-    send(dev, 2, params, chunk=1000, joined=True)
+    send(dev, 0, pc.instructions[0])
+    send(dev, 2, pc.parameters, chunk=1000, joined=True)
     assert event(dev) == (0, 0, 4)
-    send(dev, 0, b"EO-bitstream")
-    send(dev, 1, bytes(100))
-    assert bytes(dev.read(0x81, 1001)) == bytes(1001)
+    send(dev, 0, eo.instructions[0])
+    with pytest.raises(usb.core.USBTimeoutError):            # no output before the input
+        dev.read(0x81, 2048, timeout=20)
+    send(dev, 1, bytes(49152))
+    out = bytes(dev.read(0x81, 2048))
+    assert len(out) == 1008 and out != bytes(1008)           # placeholders, not zeros
     assert event(dev)[2] == 4
-    outs = [(t["tag"], t["length"], t.get("crc32")) for t in backend.transcript
+    with pytest.raises(usb.core.USBTimeoutError):            # one event per request
+        dev.read(0x82, 16, timeout=20)
+    outs = [(t["tag"], t["length"], t.get("crc32"), t["kind"]) for t in backend.transcript
             if t["op"] == "bulk_out"]
-    assert outs == [(0, 12, zlib.crc32(b"PC-bitstream")), (2, len(params), zlib.crc32(params)),
-                    (0, 12, zlib.crc32(b"EO-bitstream")), (1, 100, zlib.crc32(bytes(100)))]
-    zero = [t for t in backend.transcript if t["op"] == "bulk_in" and t["ep"] == 0x81]
-    assert zero[0]["length"] == 1001 and "zero_filled" not in zero[0]
+    assert outs == [(0, 12624, zlib.crc32(pc.instructions[0]), "raw"),
+                    (2, 566912, zlib.crc32(pc.parameters), "raw"),
+                    (0, 170032, zlib.crc32(eo.instructions[0]), "raw"),
+                    (1, 49152, zlib.crc32(bytes(49152)), "raw")]
     assert not [t for t in backend.transcript if t.get("refused")]
 
 
@@ -510,7 +565,7 @@ def test_disconnect_fault_and_replug():
     backend.replug(0)
     back = find(backend, APP)
     assert len(back) == 2 and back[0].address != dev.address
-    assert reg_read(back[0], 0x1A30C, 4) == 0xB76A0001      # powered on afresh
+    assert reg_read(back[0], 0x1A30C, 4) == RESET_VALUES[0x1A30C]   # powered on afresh
     backend.replug(0, mode="bootloader")                     # a real power cycle
     assert (find(backend)[0].idVendor, find(backend)[0].idProduct) == BOOT
 
@@ -518,7 +573,7 @@ def test_disconnect_fault_and_replug():
 def test_fatal_fault_interrupt_and_reset_recovers():
     seg = small_segment()
     program = encode(seg)
-    backend, dev = running(faults=FaultPlan([Fault("fatal", after=len(OPEN_TRACE))]))
+    backend, dev = running(faults=FaultPlan([Fault("fatal", after=len(bring_up_ops()))]))
     bring_up(dev)
     with pytest.raises(usb.core.USBTimeoutError):
         dev.write(0x01, struct.pack("<II", 4, 0) + b"abcd", timeout=100)
@@ -563,9 +618,10 @@ def test_transcript_limit_none_keeps_every_transfer():
     bring_up(dev)
     for i in range(10_500):
         reg_write(dev, 0x4C0B8, 8, i)
-    opening = ["set_configuration", "claim_interface"] + [s.op for s in OPEN_TRACE]
-    assert len(backend.transcript) == len(opening) + 10_500
-    assert [t["op"] for t in backend.transcript[:len(opening)]] == opening
+    opening = ["set_configuration", "claim_interface"] + bring_up_ops()
+    ops = [t["op"] for t in backend.transcript if t["op"] != "gcb_reset"]
+    assert len(ops) == len(opening) + 10_500
+    assert ops[:len(opening)] == opening
     backend, dev = running(transcript_limit=3)
     bring_up(dev)
-    assert [t["value"] for t in backend.transcript] == [s.value for s in OPEN_TRACE[-3:]]
+    assert [t["value"] for t in backend.transcript] == [0x3, 0x0, 0x80000000]   # the last 3

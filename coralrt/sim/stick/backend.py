@@ -5,14 +5,15 @@ sticks; the host driver then talks to them with ordinary pyusb calls
 (``ctrl_transfer``, ``write``, ``read``, ``reset``), so the same driver code
 runs against this backend and against libusb.  No real stick was used to
 build it: the behaviour follows the Edge TPU stack reference (§1: IDs,
-descriptors, DFU, register access, framing, events) and the recorded
-libedgetpu open trace, and everything not recorded there (the coralrt
+descriptors, DFU, register access, framing, events) and libedgetpu's source
+(the chip's registers), and everything not recorded there (the coralrt
 segment protocol, fault behaviour) is this project's own design.
 
 What a stick does is described in :mod:`coralrt.sim.stick.stick` (modes,
 resets, endpoints), :mod:`coralrt.sim.stick.control` (control requests),
-:mod:`coralrt.sim.stick.dfu` (DFU 1.1), :mod:`coralrt.sim.stick.registers`
-(register answers replayed from the trace) and :mod:`coralrt.sim.stick.bulk`
+:mod:`coralrt.sim.stick.dfu` (DFU 1.1), :mod:`coralrt.selftest.open_trace`
+(the recorded open trace, an expectation), :mod:`coralrt.sim.stick.chip` (the
+chip's registers, a model after libedgetpu's source) and :mod:`coralrt.sim.stick.bulk`
 (bulk framing, segments, DWN1 streams).
 
 Every transfer is appended to ``backend.transcript`` as a dict with at least
@@ -20,9 +21,12 @@ Every transfer is appended to ``backend.transcript`` as a dict with at least
 only the last 10,000 entries are kept (``transcript_limit``).  Ops:
 "read"/"write" (registers), "bulk_out" (one per 8-byte header; ``kind``
 "load"/"run"/"input"/"raw"/"drop", raw ones get ``crc32`` when complete and
-``refused`` unless the test-only switch below is on), "bulk_in", "intr_in",
-"ctrl" (standard requests), "dfu_<request>", and the events "load", "run",
-"run_unknown", "load_failed", "raw_refused", "fatal", "fault", "timeout",
+``refused`` unless the test-only switch below is on, in which case DWN1
+streams get ``executable`` and ``hint``, the known executable and the DMA hint
+they answer; ``data``, the payload, with ``record_payloads``), "bulk_in",
+"intr_in", "ctrl" (standard requests), "dfu_<request>", and the events
+"load", "run", "run_unknown", "load_failed", "raw_refused", "dwn1_request"
+(test mode: a DWN1 request walked to its end), "fatal", "fault", "timeout",
 "reset", "reenumerate", "disconnect", "replug".
 
 Beyond pyusb, the backend answers the driver through
@@ -78,7 +82,7 @@ from dataclasses import dataclass, field
 
 import usb.backend
 
-from coralrt.sim.stick.registers import parse_trace
+from coralrt.sim.stick.dwn1_requests import Dwn1Catalog, Switches
 from coralrt.sim.stick.stick import SimulatedStick
 from coralrt.sim.stick.usb_errors import usb_error
 from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
@@ -155,9 +159,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
     ``firmware_loaded``: the sticks start in running mode (18d1:9302) instead of
     bootloader mode.  ``latency``: a :class:`coralrt.sim.latency.LatencyModel`;
     with it, outputs and events become readable only after the estimated device
-    time (None: device time 0).  ``trace_path``: a TSV trace (the layout of the
-    reference's libedgetpu-open-trace.tsv) whose read answers replace the
-    built-in :data:`coralrt.sim.stick.registers.OPEN_TRACE`.  ``kernels``: extra kernel factories by
+    time (None: device time 0).  ``kernels``: extra kernel factories by
     operator name, as plugins register them (see coralrt/sim/kernels/__init__.py).
     ``max_wait``: longest a simulated timeout or empty read really waits.
     ``dfu_busy_polls``: GETSTATUS answers of dfuDNBUSY before each block is done.
@@ -189,17 +191,44 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
 
     TEST-ONLY: ``backend._accept_dwn1_for_tests = True`` (set by
     ``tests/support/sim.py``, not a user option) lets the test suite exercise
-    the driver's DWN1 path (framing, DMA hints, parameter caching): raw
-    streams are then recorded with their CRC-32 and answered with zero bytes
-    and a tag 4 event, as a stick that checks nothing would.  Those zeros are
-    not outputs of the program; nothing tells the host otherwise.
+    a host's DWN1 path (framing, DMA hints, parameter caching) on the
+    executables it registered with :meth:`know_dwn1`.  Each stick then plays
+    the transfers of those programs request by request
+    (:mod:`coralrt.sim.stick.dwn1_requests`): it recognises an executable by
+    its instructions, expects the streams its DMA hints name, makes each
+    output readable once the inputs before it arrived, and queues one event
+    per request; anything else raises the stick's fatal error.  The output
+    bytes are placeholders computed from the request's inputs, NOT outputs of
+    the program; nothing tells the host otherwise.  ``record_payloads = True``
+    (also test-only) keeps every complete host -> device stream's payload in
+    its "bulk_out" transcript entry (key "data"), for tests that compare what
+    two hosts sent.
     """
 
-    #: Test-only switch, see the class docstring.
+    #: Test-only switches, see the class docstring.
     _accept_dwn1_for_tests = False
+    record_payloads = False
+
+    def know_dwn1(self, package) -> list:
+        """TEST-ONLY: let the sticks recognise the executables of ``package``.
+
+        ``package`` is an ``edgetpu-custom-op``'s ``custom_options`` (bytes-like).
+        Returns the executables newly known (a package given twice adds nothing).
+        Raises ExecutableError when it does not parse, ValueError when an
+        executable's DMA hints cannot be followed.  It matters only in test
+        mode (``_accept_dwn1_for_tests``).
+        """
+        return self._dwn1_catalog().add(package)
+
+    def _dwn1_catalog(self) -> Dwn1Catalog:
+        catalog = self.__dict__.get("_dwn1_known")
+        if catalog is None:
+            with self._lock:
+                catalog = self.__dict__.setdefault("_dwn1_known", Dwn1Catalog())
+        return catalog
 
     def __init__(self, *, firmware_loaded: bool = False, n_devices: int = 1, latency=None,
-                 usb_speed: str = "usb3", faults: FaultPlan | None = None, trace_path=None,
+                 usb_speed: str = "usb3", faults: FaultPlan | None = None,
                  kernels: dict | None = None, max_wait: float = 0.25,
                  dfu_busy_polls: int = 0, time_scale: float = 1.0,
                  transcript_limit: int | None = 10_000, lock_scope: str = "machine",
@@ -210,10 +239,6 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
             raise ValueError("n_devices must be >= 0")
         if lock_scope not in LOCK_SCOPES:
             raise ValueError(f"lock_scope must be one of {LOCK_SCOPES}, not {lock_scope!r}")
-        trace = None
-        if trace_path is not None:
-            with open(trace_path, encoding="utf-8") as f:
-                trace = parse_trace(f.read())
         # Bounded unless a test asks for everything: a stick in a long-running
         # process must not keep every transfer it ever saw.
         self.transcript = [] if transcript_limit is None else deque(maxlen=transcript_limit)
@@ -228,7 +253,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         self._lock = threading.Lock()
         self.devices = [SimulatedStick(self, i, firmware_loaded=firmware_loaded,
                                        usb_speed=usb_speed, latency=latency, kernels=kernels,
-                                       trace=trace, time_scale=time_scale,
+                                       time_scale=time_scale,
                                        timing_only=self.timing_only)
                         for i in range(n_devices)]
         for f in (faults.faults if faults is not None else ()):
@@ -275,8 +300,10 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         return (f"the simulated Edge TPU does not know programs of kind {kind!r} (it knows "
                 f"{', '.join(PROGRAM_KINDS)})")
 
-    def _raw_streams_accepted(self) -> bool:
-        return self._accept_dwn1_for_tests
+    def _raw_streams_accepted(self) -> Switches:
+        """The test-only switches, read by a stick at each bulk stream (bulk.py)."""
+        return Switches(self._accept_dwn1_for_tests, self.record_payloads,
+                        self._dwn1_catalog())
 
     def _stick(self, device: int) -> SimulatedStick:
         if not 0 <= device < len(self.devices):

@@ -24,13 +24,21 @@ first bytes of a payload tell what it is:
   the model or its inputs, not of the stick, which stays usable;
 * anything else is a raw stream (an edgetpu_compiler program: DWN1
   instructions, parameters, inputs), which the simulated Edge TPU cannot
-  execute.  It is recorded with its CRC-32 and dropped, and answered with an
+  execute: it is recorded with its CRC-32, dropped and answered with an
   error event (tag 0xF; reads of EP 0x81 return zero bytes while it is
-  unread), so that a host that sends one anyway gets an error, never made-up
-  outputs.  Only when the test suite opts in (``raw_allowed()`` true, see
-  ``SimulatedBackend``) do EP 0x81 reads after raw streams return as many
-  zero bytes as asked and one EP 0x82 read a tag 4 event: the executable's
-  DMA hints are not known here, and tests check the transcript against them.
+  unread), never with made-up outputs.  Only in the backend's test mode (see
+  ``SimulatedBackend``) are raw streams requests of the DWN1 executables the
+  backend was told about, played request by request by
+  :mod:`coralrt.sim.stick.dwn1_requests`: an output hint's bytes become
+  readable once the inputs before it arrived, one event per request follows
+  its last input, a stream the programs do not expect raises the fatal error.
+  The output bytes are placeholders, NOT the program's outputs: byte ``i`` of
+  the outfeed hint at position ``j`` of the DMA hints, at offset ``o``, is
+  ``x >> 24`` where, mod 2**32, ``x = ((o + i) * 0x9E3779B1) ^ seed``, then
+  ``x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13``; ``seed = crc32(j, c)`` and
+  ``c`` is ``crc32(crc32(P), c)`` chained over the request's tag 1 payloads
+  ``P`` so far from 0 (integers as 4 little-endian bytes, zlib's CRC-32).
+  ``record_payloads`` keeps each payload in its transcript entry ("data").
 
 Timing-only mode (``timing_only``, for throughput benchmarks; see
 ``SimulatedBackend``): a loaded segment is decoded but not prepared for the
@@ -58,6 +66,7 @@ import numpy as np
 from coralrt.formats import segment_codec as seg_codec
 from coralrt.model.types import numpy_dtype
 from coralrt.sim.runner import SegmentRunner
+from coralrt.sim.stick.dwn1_requests import RequestWalker
 from coralrt.usb.constants import (
     EVENT, HEADER, RUN_MAGIC, RUN_RECORD, TAG_ERROR, TAG_INPUT, TAG_INSTRUCTIONS,
     TAG_INTERRUPT0, TAG_PARAMETERS,
@@ -78,14 +87,19 @@ class _Loaded:
 
 
 class _Stream:
-    __slots__ = ("tag", "length", "received", "kind", "data", "crc", "entry")
+    __slots__ = ("tag", "length", "received", "kind", "data", "crc", "entry", "keep",
+                 "catalog", "dwn1")
 
-    def __init__(self, tag: int, length: int, entry: dict):
+    def __init__(self, tag: int, length: int, entry: dict, switches):
         self.tag, self.length, self.entry = tag, length, entry
         self.received = 0
         self.kind = None          # "load" | "run" | "input" | "drop" | "raw"
         self.data = bytearray()
         self.crc = 0
+        # Test mode only: the known DWN1 programs, and the whole payload when recorded.
+        self.catalog = switches.catalog if switches and switches.accept_dwn1 else None
+        self.keep = bytearray() if switches and switches.record_payloads else None
+        self.dwn1 = False         # a raw stream taken by the DWN1 request walker
 
 
 class BulkEngine:
@@ -95,7 +109,8 @@ class BulkEngine:
                  raw_allowed=lambda: False, timing_only: bool = False):
         self._record = record          # record(op, **fields) -> dict (transcript entry)
         self._on_fatal = on_fatal      # on_fatal(reason)
-        self._raw_allowed = raw_allowed   # () -> bool: the test-only DWN1 switch
+        # () -> the backend's test-only switches (dwn1_requests.Switches) or None
+        self._raw_allowed = raw_allowed
         self.latency = latency
         # 1: data becomes readable after the estimated device time; 0: at once
         # (the estimate is still reported in last_run).
@@ -128,7 +143,8 @@ class BulkEngine:
         self._error_events = 0
         self._reasons: deque[bytes] = deque()   # of queued error events with a length
         self._reason: memoryview | None = None   # readable on EP 0x81 until the next header
-        self._raw_pending = False
+        self.requests = RequestWalker(self.outputs.append, lambda tag: self._event(0, tag),
+                                      self._record)
         self.fatal: str | None = None
 
     # -- host -> device ------------------------------------------------------------------
@@ -148,7 +164,7 @@ class BulkEngine:
             take = min(s.length - s.received, n - pos)
             self._feed(s, data[pos:pos + take])
             pos += take
-            if s.received == s.length:
+            if s.received == s.length and self.fatal is None:
                 self._finish(s)
 
     def _start(self, header: bytes) -> None:
@@ -160,8 +176,10 @@ class BulkEngine:
             self._fatal(f"bad bulk header {header.hex()} (tag {tag}; hosts send tags 0-2 "
                         f"with bytes 5..7 zero)")
             return
-        s = self._stream = _Stream(tag, length, entry)
-        if self._run is not None or self._drop_inputs:
+        s = self._stream = _Stream(tag, length, entry, self._raw_allowed() or None)
+        if self.requests.busy:          # a DWN1 request half walked takes every stream
+            self._take_dwn1(s)
+        elif self._run is not None or self._drop_inputs:
             if tag != TAG_INPUT:
                 self._fatal(f"tag {tag} stream while the segment's inputs are expected")
                 return
@@ -175,17 +193,32 @@ class BulkEngine:
                     return
                 s.kind = "input"
             entry["kind"] = s.kind
-        if length == 0:
+        if length == 0 and self.fatal is None:
             self._finish(s)
+
+    def _take_dwn1(self, s: _Stream) -> None:
+        s.kind, s.dwn1 = "raw", True
+        s.entry["kind"] = "raw"
+        reason = self.requests.begin(s.catalog, s.tag, s.length, s.entry)
+        if reason is not None:
+            self._fatal(reason)
+        elif s.data:                    # the bytes looked at before deciding
+            s.crc = zlib.crc32(s.data)
+            self.requests.feed(s.data, own=True)
+            s.data = bytearray()
 
     def _feed(self, s: _Stream, chunk: memoryview) -> None:
         s.received += len(chunk)
+        if s.keep is not None:
+            s.keep += chunk
         if s.kind is None:
             s.data += chunk
             if len(s.data) >= min(_PROBE, s.length):
                 self._classify(s)
         elif s.kind == "raw":
             s.crc = zlib.crc32(chunk, s.crc)
+            if s.dwn1:
+                self.requests.feed(chunk)
         elif s.kind != "drop":
             s.data += chunk
 
@@ -195,6 +228,9 @@ class BulkEngine:
             s.kind = "load"
         elif s.tag == TAG_INSTRUCTIONS and s.length == RUN_RECORD.size and head == RUN_MAGIC:
             s.kind = "run"
+        elif s.catalog is not None:     # test mode: a DWN1 request starts
+            self._take_dwn1(s)
+            return
         else:
             s.kind = "raw"
             s.crc = zlib.crc32(s.data)
@@ -205,12 +241,18 @@ class BulkEngine:
         self._stream = None
         if s.kind is None:
             self._classify(s)
+            if self.fatal is not None:
+                return
         s.entry["complete"] = True
+        if s.keep is not None:
+            s.entry["data"] = bytes(s.keep)
         if s.kind == "raw":
             s.entry["crc32"] = s.crc
             self.last_run = {}          # not a segment run: no device time known
-            if self._raw_allowed():
-                self._raw_pending = True
+            if s.dwn1:
+                reason = self.requests.end(s.entry, s.crc)
+                if reason is not None:
+                    self._fatal(reason)
             else:
                 s.entry["refused"] = True
                 if not self._error_events:
@@ -290,8 +332,10 @@ class BulkEngine:
         handle, raw = self._run, self._inputs
         self._run, self._inputs = None, []
         seg = handle.segment
-        if self.timing_only:
-            self._pretend(handle)
+        if self.timing_only:    # zeros, readable after the whole estimated device time
+            if handle.zeros is None:
+                handle.zeros = [bytes(seg.tensors[t].nbytes) for t in seg.outputs]
+            self._ran(handle, [memoryview(z) for z in handle.zeros], 1.0)
             return
         try:
             arrays = []
@@ -310,49 +354,43 @@ class BulkEngine:
             self._record("run_failed", error=str(e))
             self._refuse(e)
             return
-        total = 0
-        for tid, out in zip(seg.outputs, outputs):
-            dt = numpy_dtype(seg.tensors[tid].dtype).newbyteorder("<")
-            chunk = memoryview(np.ascontiguousarray(out, dt).tobytes())
-            total += len(chunk)
-            if len(chunk):
-                self.outputs.append(chunk)
+        chunks = [memoryview(np.ascontiguousarray(
+            out, numpy_dtype(seg.tensors[tid].dtype).newbyteorder("<")).tobytes())
+            for tid, out in zip(seg.outputs, outputs)]
+        self._ran(handle, chunks, self.time_scale)
+
+    def _ran(self, handle: _Loaded, chunks: list, scale: float) -> None:
+        """Queue a run's outputs and event; they are readable after the device time."""
+        total = sum(len(c) for c in chunks)
+        self.outputs.extend(c for c in chunks if len(c))
         handle.runs += 1
         est = handle.estimate
         device = est.per_run if est is not None else 0.0
         self.last_run = {"device_seconds": device, "runs": handle.runs, "output_bytes": total,
                          "upload_seconds": est.upload if est is not None and handle.runs == 1
                          else 0.0}
-        if device and self.time_scale:
-            self.ready_at = max(self.ready_at, time.monotonic()) + device * self.time_scale
-        self._record("run", length=total, outputs=len(outputs))
-        self._event(total, TAG_INTERRUPT0)
-
-    def _pretend(self, handle: _Loaded) -> None:
-        """A timing-only run: zeros, readable after the whole estimated device time."""
-        seg = handle.segment
-        if handle.zeros is None:
-            handle.zeros = [bytes(seg.tensors[t].nbytes) for t in seg.outputs]
-        total = 0
-        for zeros in handle.zeros:
-            total += len(zeros)
-            if zeros:
-                self.outputs.append(memoryview(zeros))
-        handle.runs += 1
-        est = handle.estimate
-        device = est.per_run if est is not None else 0.0
-        upload = est.upload if est is not None and handle.runs == 1 else 0.0
-        self.last_run = {"device_seconds": device, "runs": handle.runs, "output_bytes": total,
-                         "upload_seconds": upload}
-        self.ready_at = max(self.ready_at, time.monotonic()) + device  # upload: at load
-        self._record("run", length=total, outputs=len(handle.zeros))
+        if device and scale:    # (the upload's time was added at the load)
+            self.ready_at = max(self.ready_at, time.monotonic()) + device * scale
+        self._record("run", length=total, outputs=len(chunks))
         self._event(total, TAG_INTERRUPT0)
 
     def _fatal(self, reason: str) -> None:
         self._stream, self._run, self._drop_inputs = None, None, 0
+        self.requests.reset()
+        self.fatal = reason
         self._on_fatal(reason)
 
     # -- device -> host ------------------------------------------------------------------
+
+    def output_ready(self) -> bool:
+        """Whether an EP 0x81 read would answer now (:meth:`read_output` not None)."""
+        if self.fatal is not None or time.monotonic() < self.ready_at:
+            return False
+        return bool(self.outputs) or self._reason is not None or bool(self._error_events)
+
+    def event_ready(self) -> bool:
+        """Whether an EP 0x82 read would answer now (:meth:`read_event` not None)."""
+        return self.fatal is None and time.monotonic() >= self.ready_at and bool(self.events)
 
     def read_output(self, size: int) -> bytes | None:
         """Bytes for an EP 0x81 read of ``size``, or None when nothing is ready."""
@@ -370,8 +408,6 @@ class BulkEngine:
             return bytes(head)
         if self._error_events:
             return b""          # the run was refused: a zero-length packet, see the event
-        if self._raw_pending:   # test-only DWN1 switch: the program was not executed
-            return bytes(size)
         return None
 
     def read_event(self) -> bytes | None:
@@ -384,7 +420,4 @@ class BulkEngine:
                 if record[8:12] != b"\0\0\0\0":     # a reason follows on EP 0x81
                     self._reason = memoryview(self._reasons.popleft())
             return record
-        if self._raw_pending:
-            self._raw_pending = False
-            return EVENT.pack(0, 0, TAG_INTERRUPT0)
         return None

@@ -6,8 +6,8 @@ fired any injected fault, and returns the data stage of an IN request (``b""``
 for OUT requests).  Standard requests answer from the descriptors
 (:mod:`coralrt.sim.stick.descriptors`); DFU class requests reach the
 bootloader's :class:`~coralrt.sim.stick.dfu.DfuMachine`, apart from DETACH,
-which a running stick accepts; vendor requests read and write the register
-file (reference §1.5), in running mode only.  Whatever a stick does not
+which a running stick accepts; vendor requests read and write the chip's
+registers (:mod:`coralrt.sim.stick.chip`, reference §1.5), in running mode only.  Whatever a stick does not
 support stalls (USBError EPIPE).  Each request is recorded in the transcript.
 """
 
@@ -109,6 +109,9 @@ def _register(stick, rtype, request, value, index, mv) -> bytes:
         stick._record("read", register=register, value=word, length=width)
         return word.to_bytes(width, "little")
     word = int.from_bytes(mv, "little")
-    stick.registers.write(register, word)
-    stick._record("write", register=register, value=word, length=width)
+    dropped = stick.registers.write(register, word)
+    if dropped:
+        stick._record("write", register=register, value=word, length=width, dropped=dropped)
+    else:
+        stick._record("write", register=register, value=word, length=width)
     return b""

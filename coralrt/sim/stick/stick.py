@@ -18,9 +18,10 @@ CLRSTATUS or a reset.
 
 The chip accepts bulk-out data only once the bring-up has set
 ``scalarCoreRunControl`` (0x44018) to 1 (run); before that, or after a halt,
-bulk writes time out like a stick that NAKs.  A port reset brings the
-register file back to the recorded power-on answers and forgets loaded
-segments.  Every waiting call honours the caller's timeout, capped at the
+bulk writes time out like a stick that NAKs.  The registers are a model of
+the chip (:mod:`coralrt.sim.stick.chip`): a port reset brings them back to
+their reset values, and both a port reset and the chip going to sleep (the
+GCB reset) forget loaded segments.  Every waiting call honours the caller's timeout, capped at the
 backend's ``max_wait`` so tests stay fast.
 
 "not_ready" opens a window, after the next time the stick comes up in
@@ -40,14 +41,15 @@ from collections import deque
 
 from coralrt.sim.stick import descriptors as desc
 from coralrt.usb.constants import (
-    EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_ERR_INT_STATUS,
+    EP_EVENT, EP_INTERRUPT, EP_OUT, EP_OUTPUT, EVENT_SIZE, FATAL_ERR_INT_CONTROL,
+    FATAL_ERR_INT_STATUS,
     FATAL_INTERRUPT_BIT, HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE,
     RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL, TAG_OUTPUT,
 )
 from coralrt.sim.stick.bulk import BulkEngine
 from coralrt.sim.stick.control import answer_control
 from coralrt.sim.stick.dfu import DfuMachine
-from coralrt.sim.stick.registers import RegisterFile
+from coralrt.sim.stick.chip import ChipRegisters
 from coralrt.sim.stick.usb_errors import usb_error
 
 __all__ = ["SimulatedStick", "usb_error"]
@@ -70,7 +72,7 @@ class _Cond(threading.Condition):
 
 class SimulatedStick:
     def __init__(self, backend, index: int, *, firmware_loaded: bool, usb_speed: str,
-                 latency=None, kernels=None, trace=None, time_scale=1.0,
+                 latency=None, kernels=None, time_scale=1.0,
                  timing_only: bool = False):
         self.backend = backend
         self.index = index
@@ -78,7 +80,7 @@ class SimulatedStick:
         self.bus = 2 if usb_speed == "usb3" else 1
         self.ports = (index + 1,)
         self.cond = _Cond(threading.RLock())
-        self.registers = RegisterFile(trace) if trace is not None else RegisterFile()
+        self.registers = ChipRegisters(on_gcb_reset=self._gcb_reset)
         self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
                                  kernels=kernels, time_scale=time_scale,
                                  raw_allowed=backend._raw_streams_accepted,
@@ -171,12 +173,21 @@ class SimulatedStick:
     def _raise_fatal(self, reason: str) -> None:
         log.warning("simulated stick %d: fatal error: %s", self.index, reason)
         self.engine.fatal = reason
-        self.registers.write(FATAL_ERR_INT_STATUS, 1)
-        self.registers.write(HIB_ERROR_STATUS, 1)
-        self.registers.write(HIB_FIRST_ERROR_STATUS, 1)
-        self.interrupts.append(FATAL_INTERRUPT_BIT.to_bytes(INTERRUPT_SIZE, "little"))
-        self._record("fatal", value=FATAL_INTERRUPT_BIT, detail=reason)
+        self.registers.set_by_chip(FATAL_ERR_INT_STATUS, 1)
+        self.registers.set_by_chip(HIB_ERROR_STATUS, 1)
+        self.registers.set_by_chip(HIB_FIRST_ERROR_STATUS, 1)
+        # The interrupt word goes out on EP 0x83 only while the host has enabled it
+        # (fatal_err_int_control, written by the bring-up); the status stays readable.
+        enabled = self.registers.interrupts_enabled(FATAL_ERR_INT_CONTROL)
+        if enabled:
+            self.interrupts.append(FATAL_INTERRUPT_BIT.to_bytes(INTERRUPT_SIZE, "little"))
+        self._record("fatal", value=FATAL_INTERRUPT_BIT, detail=reason, interrupt=enabled)
         self.cond.notify_all()
+
+    def _gcb_reset(self) -> None:
+        """The chip went to sleep: the GCB, and whatever it held, is reset."""
+        self.engine.reset()
+        self._record("gcb_reset")
 
     def _misbehave(self, timeout_ms, generation: int) -> None:
         """Fail the transfer if the stick is wedged or not ready yet (before it is
@@ -374,3 +385,40 @@ class SimulatedStick:
             self._record("intr_in", ep=ep, value=int.from_bytes(got, "little"),
                          length=len(got))
             return len(got)
+
+    def wait_for_in_data(self, handle, ep: int, length: int, seconds: float) -> bool:
+        """Wait up to ``seconds`` (not capped by ``max_wait``) until a read of ``length``
+        bytes from IN endpoint ``ep`` through ``handle`` would answer at once, recording
+        nothing and counting no transfer.
+
+        True when it would: data is ready, an injected fault is due, or the read
+        fails at once (the handle is gone, bootloader mode, interface not claimed,
+        the "not_ready" window ...).  False when ``seconds`` passed first; a wedged
+        stick's reads time out, so it never answers True.  For hosts that keep IN
+        transfers queued longer than a simulated timeout lasts (the libusb shim's
+        server in tests/usbshim waits here, then makes the one real read).  It
+        mirrors the checks of ``bulk_read``/``intr_read``; whether data is there, the
+        engine says (``output_ready``/``event_ready``).
+        """
+        def answers():
+            if self.mode != "running" or self.claimed_by is not handle:
+                return True
+            if self.wedged:
+                return None
+            if ep == EP_INTERRUPT:
+                return True if length < INTERRUPT_SIZE or self.interrupts else None
+            if ep not in (EP_OUTPUT, EP_EVENT) or (ep == EP_EVENT and length < EVENT_SIZE):
+                return True
+            if self.not_ready_until and time.monotonic() < self.not_ready_until:
+                return True
+            if any(f.after == 0 and f.kind not in ("slow_reenumeration", "not_ready")
+                   for f in self.faults):
+                return True
+            ready = self.engine.event_ready() if ep == EP_EVENT else self.engine.output_ready()
+            return True if ready else None
+
+        with self.cond:
+            try:
+                return self._wait(seconds, answers, handle.generation) is not None
+            except OSError:     # gone or re-enumerated (USBError): the read fails at once
+                return True

@@ -1,4 +1,4 @@
-"""The simulated stick's register file, answering reads as a recorded trace does.
+"""The recorded libedgetpu open trace, kept as an expectation, never as answers.
 
 ``OPEN_TRACE`` is the 52-step control-transfer trace of libedgetpu opening a
 Coral USB Accelerator that already runs its firmware, captured with a libusb
@@ -6,20 +6,23 @@ trace and published in geohot/edgetpuxray (``connect.py``); the Edge TPU stack
 reference keeps it as ``libedgetpu-open-trace.tsv`` and decodes it in §1.6.
 It is re-encoded below as data, so the package does not read any file at run
 time.  Each step: (op, bmRequestType, bRequest, register, wLength, value),
-where value is the little-endian data written, or what the device answered.
+where value is the little-endian data written, or what the trace shows read.
 
-:class:`RegisterFile` replays those answers: a register the trace reads
-answers its recorded values in the recorded order (0x1a318 answers 0, 1,
-then 0x50c5025c); once they are used up, or for a register the trace never
-reads, it answers the last value written or replayed (0 if none).
+Its writes are what libedgetpu's std (throttled) build writes: scu_ctrl_3
+0x5085025C carries the clock bits of ``PerformanceExpectation_High``.  Its read
+values are not what the stick answered: several are the data of the transfer
+before (0x1a314 "reads" 0x000F0059, the value just written to 0x1a30c;
+0x1a33c "reads" 0x0070007F, the reset value of rambist_ctrl_1, read just
+before), and 0x44018 "reads" 1 where libedgetpu polls until it reads 0.  So
+the simulated stick's registers are a model (:mod:`coralrt.sim.stick.chip`),
+and the trace checks writes only (docs/usb.md, "Bring-up").
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["TraceStep", "OPEN_TRACE", "parse_trace", "RegisterFile"]
+__all__ = ["TraceStep", "OPEN_TRACE", "parse_trace"]
 
 
 @dataclass(frozen=True)
@@ -90,38 +93,3 @@ def parse_trace(text: str) -> tuple[TraceStep, ...]:
             raise ValueError(f"trace line {n}: {e}") from None
         steps.append(TraceStep(s, cols[1], rt, req, reg, length, value))
     return tuple(steps)
-
-
-class RegisterFile:
-    """Register values by offset; reads replay a trace's recorded answers first.
-
-    Not thread-safe by itself: the simulated stick holds its lock around it.
-    """
-
-    def __init__(self, trace: tuple[TraceStep, ...] = OPEN_TRACE):
-        self.trace = trace
-        self.power_on()
-
-    def power_on(self) -> None:
-        """Back to the recorded power-on state (after a port reset or a replug)."""
-        self.values: dict[int, int] = {}
-        self._answers: dict[int, deque[int]] = {}
-        for s in self.trace:
-            if s.op == _R:
-                self._answers.setdefault(s.register, deque()).append(s.value)
-
-    def read(self, register: int) -> int:
-        pending = self._answers.get(register)
-        if pending:
-            self.values[register] = pending.popleft()
-        return self.values.get(register, 0)
-
-    def write(self, register: int, value: int) -> None:
-        self.values[register] = value
-
-    def peek(self, register: int) -> int:
-        """The value a host read would not change (no replay)."""
-        return self.values.get(register, 0)
-
-    def pending_answers(self, register: int) -> int:
-        return len(self._answers.get(register, ()))
