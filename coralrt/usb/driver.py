@@ -92,7 +92,10 @@ def _out_of_step(failed) -> bool:
 
 
 class UsbEdgeTpu(EdgeTpuDevice):
-    """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb)."""
+    """A Coral USB Accelerator over pyusb (``backend``: a pyusb backend, default libusb).
+
+    ``clock``: the clock variant the bring-up sets, "std" (libedgetpu's throttled
+    build, the default) or "max" (its direct build); docs/usb.md, "Bring-up"."""
 
     kind = "usb"
 

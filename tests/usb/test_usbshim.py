@@ -1,7 +1,7 @@
 """The libusb shim (tests/usbshim): native programs talking to a simulated stick.
 
 A child process loads the shim (``libusb-1.0.so.0`` compiled from
-tests/usbshim/shim.c) and the test process serves a pyusb backend to it with
+the tests/usbshim/shim_*.c files) and the test process serves a pyusb backend to it with
 :class:`usbshim.server.StickServer`.  Checked here: the shim's structs match
 libusb.h; transfers queued on one endpoint complete in the order submitted;
 cancels; libusb_handle_events returns within its bound; backend errors become

@@ -36,39 +36,8 @@ stick, parameter upload included) and ``refusal``: the simulated Edge TPU
 executes coralrt's native segments and refuses edgetpu_compiler programs
 (DWN1), whose instructions are Google's closed instruction set.
 
-Faults (``inject`` or a :class:`FaultPlan`): "timeout" (USBTimeoutError after
-the caller's timeout, capped at ``max_wait`` seconds), "stall" (USBError
-EPIPE), "disconnect" (USBError ENODEV; the stick no longer enumerates until
-``replug``), "fatal" (interrupt word with bit 0 on EP 0x83; bulk transfers
-time out until a reset) fire on the bulk or control transfer that comes
-after ``after`` more such transfers; "slow_reenumeration" delays the
-running-mode device by ``seconds`` after the next DFU reset.
-
-Two faults follow what public reports say real sticks do (docs/usb.md,
-"Sticks that misbehave"; neither was observed on hardware by this project):
-
-* "not_ready" (``seconds``, ``error``): the next time the stick comes up in
-  running mode (the re-enumeration after a firmware download, a port reset
-  of a running stick, a replug in running mode) it enumerates as 18d1:9302 at
-  once, but for ``seconds`` every control and bulk transfer fails with
-  ``error``: "io" (LIBUSB_ERROR_IO, the default), "pipe" (LIBUSB_ERROR_PIPE)
-  or "timeout" (LIBUSB_ERROR_TIMEOUT after the caller's timeout, capped).
-  Public facts: libedgetpu sleeps 1 s before every open attempt, 25 attempts
-  at most, because the sleep "seems to reduce chances of transfer errors"
-  (``usb_driver.cc``, CreateRawUsbDeviceWithRetry); RingCanary/
-  coral-usb-oxidized names the state *Enumerated-But-Unusable* ("device
-  presence (18d1:9302) is not equivalent to runtime readiness")
-  (reference users-and-benchmarks.md §1.3-1.4; edgetpu-stack.md §1.10).
-  Which libusb error such a stick gives is not in the public reports, so the
-  error is a parameter.
-* "wedge": fires like "timeout" on the transfer after ``after`` more, and
-  from then on every transfer (control, bulk, interrupt) times out, port
-  resets included, until ``replug``.  Public facts: "the LED keeps blinking
-  and only a replug helps" (edgetpu#70, edgetpu#237); after a poisoned state
-  "CSR reads time out ... software writes do not recover it. A physical
-  replug (power cycle) brings it back" (OXI §8.1-8.2, LRE "Device recovery",
-  in edgetpu-stack.md §1.10); resetting over CSRs did not recover the stick,
-  it needed re-enumeration (coral-usb-oxidized, users-and-benchmarks.md §1.4).
+Faults (``inject`` or a :class:`FaultPlan`) are described in
+:mod:`coralrt.sim.stick.faults`.
 """
 
 from __future__ import annotations
@@ -78,11 +47,11 @@ import itertools
 from collections import deque
 import logging
 import threading
-from dataclasses import dataclass, field
 
 import usb.backend
 
 from coralrt.sim.stick.dwn1_requests import Dwn1Catalog, Switches
+from coralrt.sim.stick.faults import FAULT_KINDS, NOT_READY_ERRORS, Fault, FaultPlan
 from coralrt.sim.stick.stick import SimulatedStick
 from coralrt.sim.stick.usb_errors import usb_error
 from coralrt.usb.extension import LOCK_SCOPES, PROGRAM_KINDS, BackendExtension
@@ -92,46 +61,11 @@ __all__ = ["SimulatedBackend", "FaultPlan", "Fault", "FAULT_KINDS", "NOT_READY_E
 
 log = logging.getLogger("coralrt.usb")
 
-FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration", "not_ready",
-               "wedge")
-#: How a stick in the "not_ready" window fails a transfer (see the module docstring).
-NOT_READY_ERRORS = ("io", "pipe", "timeout")
-
 REFUSES_DWN1 = (
     "the simulated Edge TPU cannot execute edgetpu_compiler programs (their instructions are "
     "Google's closed Edge TPU instruction set, which nobody outside Google can execute); run "
     "the plain, uncompiled .tflite with target='sim' (coralrt compiles it for the simulated "
     "Edge TPU), or use target='coral' with a Coral USB Accelerator attached")
-
-
-@dataclass
-class Fault:
-    kind: str
-    after: int = 0
-    device: int = 0
-    seconds: float = 0.0
-    error: str = "io"        # "not_ready" only: how transfers fail in the window
-
-    def __post_init__(self):
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}; one of {FAULT_KINDS}")
-        if self.after < 0 or self.seconds < 0:
-            raise ValueError("fault 'after' and 'seconds' must be >= 0")
-        if self.error not in NOT_READY_ERRORS:
-            raise ValueError(f"unknown not_ready error {self.error!r}; one of "
-                             f"{NOT_READY_ERRORS}")
-
-
-@dataclass
-class FaultPlan:
-    """Faults to inject from the start, e.g. ``FaultPlan().add("stall", after=3)``."""
-
-    faults: list[Fault] = field(default_factory=list)
-
-    def add(self, kind: str, *, after: int = 0, device: int = 0,
-            seconds: float = 0.0, error: str = "io") -> FaultPlan:
-        self.faults.append(Fault(kind, after, device, seconds, error))
-        return self
 
 
 class _DevId:
@@ -300,7 +234,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         return (f"the simulated Edge TPU does not know programs of kind {kind!r} (it knows "
                 f"{', '.join(PROGRAM_KINDS)})")
 
-    def _raw_streams_accepted(self) -> Switches:
+    def _test_switches(self) -> Switches:
         """The test-only switches, read by a stick at each bulk stream (bulk.py)."""
         return Switches(self._accept_dwn1_for_tests, self.record_payloads,
                         self._dwn1_catalog())

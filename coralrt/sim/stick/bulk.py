@@ -32,12 +32,8 @@ first bytes of a payload tell what it is:
   :mod:`coralrt.sim.stick.dwn1_requests`: an output hint's bytes become
   readable once the inputs before it arrived, one event per request follows
   its last input, a stream the programs do not expect raises the fatal error.
-  The output bytes are placeholders, NOT the program's outputs: byte ``i`` of
-  the outfeed hint at position ``j`` of the DMA hints, at offset ``o``, is
-  ``x >> 24`` where, mod 2**32, ``x = ((o + i) * 0x9E3779B1) ^ seed``, then
-  ``x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13``; ``seed = crc32(j, c)`` and
-  ``c`` is ``crc32(crc32(P), c)`` chained over the request's tag 1 payloads
-  ``P`` so far from 0 (integers as 4 little-endian bytes, zlib's CRC-32).
+  The output bytes are placeholders computed from the request's inputs, NOT
+  the program's outputs (the formula is in that module).
   ``record_payloads`` keeps each payload in its transcript entry ("data").
 
 Timing-only mode (``timing_only``, for throughput benchmarks; see
@@ -106,11 +102,11 @@ class BulkEngine:
     """Per-stick bulk state.  The stick holds its lock around every call."""
 
     def __init__(self, record, on_fatal, *, latency=None, kernels=None, time_scale=1.0,
-                 raw_allowed=lambda: False, timing_only: bool = False):
+                 test_switches=lambda: None, timing_only: bool = False):
         self._record = record          # record(op, **fields) -> dict (transcript entry)
         self._on_fatal = on_fatal      # on_fatal(reason)
         # () -> the backend's test-only switches (dwn1_requests.Switches) or None
-        self._raw_allowed = raw_allowed
+        self._test_switches = test_switches
         self.latency = latency
         # 1: data becomes readable after the estimated device time; 0: at once
         # (the estimate is still reported in last_run).
@@ -176,7 +172,7 @@ class BulkEngine:
             self._fatal(f"bad bulk header {header.hex()} (tag {tag}; hosts send tags 0-2 "
                         f"with bytes 5..7 zero)")
             return
-        s = self._stream = _Stream(tag, length, entry, self._raw_allowed() or None)
+        s = self._stream = _Stream(tag, length, entry, self._test_switches())
         if self.requests.busy:          # a DWN1 request half walked takes every stream
             self._take_dwn1(s)
         elif self._run is not None or self._drop_inputs:

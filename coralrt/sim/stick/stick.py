@@ -46,6 +46,7 @@ from coralrt.usb.constants import (
     FATAL_INTERRUPT_BIT, HIB_ERROR_STATUS, HIB_FIRST_ERROR_STATUS, INTERRUPT_SIZE,
     RUN_CONTROL_RUN, SCALAR_CORE_RUN_CONTROL, TAG_OUTPUT,
 )
+from coralrt.sim.stick import faults
 from coralrt.sim.stick.bulk import BulkEngine
 from coralrt.sim.stick.control import answer_control
 from coralrt.sim.stick.dfu import DfuMachine
@@ -83,7 +84,7 @@ class SimulatedStick:
         self.registers = ChipRegisters(on_gcb_reset=self._gcb_reset)
         self.engine = BulkEngine(self._record, self._raise_fatal, latency=latency,
                                  kernels=kernels, time_scale=time_scale,
-                                 raw_allowed=backend._raw_streams_accepted,
+                                 test_switches=backend._test_switches,
                                  timing_only=timing_only)
         self.interrupts: deque[bytes] = deque()
         self.faults: list = []           # pending Fault objects, see sim.FaultPlan
@@ -190,65 +191,13 @@ class SimulatedStick:
         self._record("gcb_reset")
 
     def _misbehave(self, timeout_ms, generation: int) -> None:
-        """Fail the transfer if the stick is wedged or not ready yet (before it is
-        counted: such a stick does not see the request)."""
-        if self.wedged:
-            raise self._timeout(timeout_ms, generation, "the stick is wedged (replug it)")
-        if self.not_ready_until and time.monotonic() < self.not_ready_until:
-            kind = self.not_ready_error
-            self._record("not_ready", detail=kind)
-            if kind == "timeout":
-                raise self._timeout(timeout_ms, generation, "enumerated but not ready")
-            raise usb_error(errno.EPIPE if kind == "pipe" else errno.EIO,
-                            "enumerated but not ready")
+        faults.misbehave(self, timeout_ms, generation)
 
     def _start_not_ready(self) -> None:
-        """Open the window of an armed "not_ready" fault: the stick just came up in
-        running mode (it counts from when it becomes visible)."""
-        if self.mode != "running":
-            return
-        armed = [f for f in self.faults if f.kind == "not_ready"]
-        if not armed:
-            return
-        self.faults.remove(armed[0])
-        start = max(time.monotonic(), self.appear_at)
-        self.not_ready_until = start + armed[0].seconds
-        self.not_ready_error = armed[0].error
-        self._record("fault", kind="not_ready", seconds=armed[0].seconds,
-                     detail=armed[0].error)
+        faults.start_not_ready(self)
 
     def _faults(self, timeout_ms, generation: int, dfu_request: bool = False) -> None:
-        """Count a bulk/control transfer and fire the injected fault that is due
-        (``dfu_request``: a DFU class request to the bootloader, which a stall
-        leaves in dfuERROR)."""
-        self._misbehave(timeout_ms, generation)
-        due = None
-        for f in self.faults:
-            if f.kind in ("slow_reenumeration", "not_ready"):
-                continue
-            if f.after == 0 and due is None:
-                due = f
-            elif f.after > 0:
-                f.after -= 1
-        self.transfers += 1
-        if due is None:
-            return
-        self.faults.remove(due)
-        self._record("fault", kind=due.kind)
-        if due.kind == "timeout":
-            raise self._timeout(timeout_ms, generation, "injected timeout")
-        if due.kind == "wedge":
-            self.wedged = True
-            raise self._timeout(timeout_ms, generation, "injected wedge")
-        if due.kind == "stall":
-            if dfu_request:
-                self.dfu.stalled()
-            raise usb_error(errno.EPIPE, "injected stall")
-        if due.kind == "disconnect":
-            self.disconnect()
-            raise usb_error(errno.ENODEV, "injected disconnect")
-        if due.kind == "fatal":
-            self._raise_fatal("injected fatal error")
+        faults.fire_due(self, timeout_ms, generation, dfu_request)
 
     # -- plug, unplug, reset -------------------------------------------------------------
 
