@@ -9,8 +9,9 @@ the libusb codes and transfer statuses libusb gives; a server that goes away
 or stops answering gives errors, never a hang; an IN transfer reads the stick
 once; coralrt's own driver, through pyusb and the shim, downloads the
 firmware, finds the re-enumerated stick and runs a native segment with the
-results it gets in-process; and libedgetpu downloads its firmware and finds
-the stick again through the shim.
+results it gets in-process.  Google's libedgetpu over the shim (firmware
+download, re-enumeration, asynchronous transfers on every endpoint, cancels
+at close) is tested in test_libedgetpu_reference.py.
 
 Without a C compiler the tests skip, except under CI=true, where they fail.
 """
@@ -41,8 +42,6 @@ from usbshim.server import ShimBuildError, StickServer, build_shim, find_compile
 
 TESTS = Path(__file__).resolve().parents[1]
 SHIM_DIR = TESTS / "usbshim"
-LIBEDGETPU = TESTS.parent.parent / "shared" / "vendor" / "libedgetpu" / "direct" / \
-    "libedgetpu.so.1"
 IMAGE = bytes(range(256)) * 42 + b"\x02\x00\x10"      # a stand-in firmware image
 LOG_KEYS = ["t", "side", "pid", "call", "id", "handle", "ep", "length", "actual", "status",
             "detail"]
@@ -516,83 +515,4 @@ def test_coralrt_driver_over_pyusb_and_the_shim_matches_in_process(shim, tmp_pat
     resets = [x["status"] for x in lines
               if x["side"] == "shim" and x["call"] == "libusb_reset_device"]
     assert "LIBUSB_ERROR_NOT_FOUND" in resets       # the reset after the download
-    assert server.failures == []
-
-
-@pytest.mark.needs_litert("libedgetpu runs inside LiteRT's interpreter")
-def test_libedgetpu_downloads_its_firmware_and_finds_the_stick_again(shim, tmp_path):
-    if not LIBEDGETPU.is_file():
-        pytest.skip(f"{LIBEDGETPU} is absent")
-    b = SimulatedBackend(firmware_loaded=False, transcript_limit=None)
-    log = tmp_path / "usb.jsonl"
-    with StickServer(b, log_path=log, shim=shim) as server:
-        env = server.env()
-        assert not any(k.startswith(("USB_", "CORALRT_COMPAT")) for k in env)
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent("""
-            import json, sys
-            from ai_edge_litert.interpreter import load_delegate
-            try:
-                load_delegate(sys.argv[1])
-                print(json.dumps({"loaded": True}))
-            except ValueError as e:
-                print(json.dumps({"loaded": False, "error": str(e)}))
-            """), str(LIBEDGETPU)], env=env, timeout=60, capture_output=True, text=True)
-    # A crash of the shim (SIGSEGV, SIGBUS) is a failure; how far libedgetpu gets
-    # beyond the download depends on the simulated chip, so is only reported.
-    assert done.returncode not in (-11, -7), done.stderr[-4000:]
-    print("libedgetpu:", done.stdout.strip() or f"exit {done.returncode}", done.stderr[-800:])
-    ops = [e["op"] for e in b.transcript]
-    assert "dfu_dnload" in ops and "dfu_upload" in ops
-    assert ops.index("reenumerate") > max(i for i, op in enumerate(ops) if op == "dfu_dnload")
-    assert b.devices[0].mode == "running" and b.devices[0].firmware_sha256
-    lines = [x for x in read_log(log) if x["side"] == "shim"]
-    calls = [(x["call"], x["status"]) for x in lines]
-    reset = calls.index(("libusb_reset_device", "LIBUSB_ERROR_NOT_FOUND"))
-    # It lists the devices again and opens the stick at its new address, same bus and port.
-    assert ("libusb_get_device_list", "LIBUSB_SUCCESS") in calls[reset:]
-    assert ("libusb_open", "LIBUSB_SUCCESS") in calls[reset:]
-    assert server.failures == []
-
-
-@pytest.mark.needs_litert("libedgetpu runs inside LiteRT's interpreter")
-def test_libedgetpu_runs_a_compiled_model_through_the_shim(shim, tmp_path):
-    """Asynchronous bulk-out, the queued bulk-in reads, events and the interrupt
-    endpoint, as libedgetpu uses them.  The stick is in its DWN1 test mode: it
-    answers placeholder bytes, NOT the model's outputs, so only the shape of the
-    exchange is checked.  A failure here may come from the simulated chip (its
-    registers, its DWN1 test mode) rather than the shim: the log tells which."""
-    from conftest import shared_model
-    support = pytest.importorskip("support.sim")
-    if not LIBEDGETPU.is_file() or not hasattr(support, "accept_dwn1"):
-        pytest.skip("needs the vendored libedgetpu and the stick's DWN1 test mode")
-    model = shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite")
-    b = support.accept_dwn1(SimulatedBackend(firmware_loaded=False, transcript_limit=None),
-                            [model])
-    log = tmp_path / "usb.jsonl"
-    with StickServer(b, log_path=log, shim=shim) as server:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent("""
-            import json, sys
-            import numpy as np
-            from ai_edge_litert.interpreter import Interpreter, load_delegate
-            it = Interpreter(sys.argv[2], experimental_delegates=[load_delegate(sys.argv[1])])
-            it.allocate_tensors()
-            inp = it.get_input_details()[0]
-            it.set_tensor(inp["index"], np.zeros(inp["shape"], inp["dtype"]))
-            it.invoke()
-            out = it.get_tensor(it.get_output_details()[0]["index"])
-            print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype)}))
-            """), str(LIBEDGETPU), str(model)],
-            env=server.env(), timeout=60, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"shape": [1, 1001],
-                                                                "dtype": "uint8"}
-    ops = [(e["op"], e["tag"]) for e in b.transcript if e["op"] in ("bulk_out", "bulk_in")]
-    assert ("bulk_out", 0) in ops and ("bulk_in", 3) in ops      # instructions, outputs
-    lines = read_log(log)
-    callbacks = [x for x in lines if x["side"] == "shim" and x["call"] == "callback"]
-    assert {(x["ep"], x["status"]) for x in callbacks} >= {
-        (0x01, "LIBUSB_TRANSFER_COMPLETED"), (0x81, "LIBUSB_TRANSFER_COMPLETED"),
-        (0x82, "LIBUSB_TRANSFER_COMPLETED"), (0x81, "LIBUSB_TRANSFER_CANCELLED")}
     assert server.failures == []

@@ -57,6 +57,7 @@ class Session:
     stderr: str = ""
     seconds: float = 0.0
     failures: list = field(default_factory=list)    # the server's
+    log: list = field(default_factory=list)         # the shim's and server's log lines
 
     @property
     def refused(self) -> str | None:
@@ -80,8 +81,8 @@ def libedgetpu_session(build: str, model: Path, shim: Path, work: Path) -> Sessi
     out = work / f"libedgetpu-{build}-{model.stem}"
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with StickServer(backend, log_path=work / f"usb-{build}-{model.stem}.jsonl",
-                     shim=shim) as server:
+    log = work / f"usb-{build}-{model.stem}.jsonl"
+    with StickServer(backend, log_path=log, shim=shim) as server:
         try:
             done = subprocess.run(
                 [sys.executable, str(HERE / "litert_child.py"), str(library(build)), str(out),
@@ -96,6 +97,8 @@ def libedgetpu_session(build: str, model: Path, shim: Path, work: Path) -> Sessi
                       seconds=time.monotonic() - start, failures=failures)
     session.steps = [json.loads(line) for line in stdout.splitlines()
                      if line.startswith("{")]
+    if log.is_file():
+        session.log = [json.loads(line) for line in log.read_text().splitlines()]
     for run in ("first", "warm"):
         files = sorted(out.glob(f"0_{run}_*.npy"), key=lambda p: int(p.stem.split("_")[-1]))
         if files:
