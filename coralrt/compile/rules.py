@@ -71,9 +71,6 @@ class RuleRegistry:
         new._ops = {name: replace(s) for name, s in self._ops.items()}
         return new
 
-    def supports(self, name: str) -> bool:
-        return name in self._ops
-
     def __contains__(self, name: str) -> bool:
         return name in self._ops
 
@@ -124,39 +121,38 @@ _NONE = frozenset({"NONE"})
 def default_rules() -> RuleRegistry:
     """The Edge TPU's operator table (fresh registry, safe to extend)."""
     r = RuleRegistry()
-    simple = OpSupport
     for name in ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"):
-        r.add_op(name, simple(max_version=4))
+        r.add_op(name, OpSupport(max_version=4))
     # TFLite implements these two for int8 only.
-    r.add_op("SQUARED_DIFFERENCE", simple(2, (int8_only,)))
-    r.add_op("RSQRT", simple(3, (int8_only,)))
+    r.add_op("SQUARED_DIFFERENCE", OpSupport(2, (int8_only,)))
+    r.add_op("RSQRT", OpSupport(3, (int8_only,)))
     for name in ("LOGISTIC", "TANH", "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH",
                  "L2_NORMALIZATION", "SQUEEZE", "EXPAND_DIMS", "RESHAPE",
                  "SPACE_TO_DEPTH", "TRANSPOSE"):
-        r.add_op(name, simple(max_version=3))
-    r.add_op("CONV_2D", simple(5, (constant_operands(1, 2), same_dilation, layer_width)))
-    r.add_op("DEPTHWISE_CONV_2D", simple(6, (constant_operands(1, 2), same_dilation)))
-    r.add_op("TRANSPOSE_CONV", simple(3, (constant_operands(0, 1, 3),)))
-    r.add_op("FULLY_CONNECTED", simple(9, (constant_operands(1, 2), fc_default_weights,
-                                           layer_width)))
-    r.add_op("AVERAGE_POOL_2D", simple(3, activations=_NONE))
-    r.add_op("MAX_POOL_2D", simple(3, activations=_NONE))
-    r.add_op("CONCATENATION", simple(3, (concat_constants,), activations=_NONE))
-    r.add_op("MEAN", simple(3, (not_on_batch(axis_input=1), mean_depth_multiple_of_4)))
-    r.add_op("SUM", simple(3, (not_on_batch(axis_input=1),)))
-    r.add_op("REDUCE_MAX", simple(3, (not_on_batch(axis_input=1),)))
-    r.add_op("REDUCE_MIN", simple(3, (not_on_batch(axis_input=1),)))
-    r.add_op("PACK", simple(3, (not_on_batch(option="axis"),)))
-    r.add_op("SPLIT", simple(4, (not_on_batch(axis_input=0),)))
-    r.add_op("SLICE", simple(5, (constant_operands(1, 2),)))
-    r.add_op("STRIDED_SLICE", simple(6, (constant_operands(1, 2, 3), unit_strides)))
-    r.add_op("PAD", simple(4, (pad_not_on_batch,)))
-    r.add_op("PRELU", simple(2, (prelu_alpha,)))
-    r.add_op("RESIZE_BILINEAR", simple(4, (constant_operands(1), resize_precision)))
-    r.add_op("RESIZE_NEAREST_NEIGHBOR", simple(4, (constant_operands(1), resize_precision)))
-    r.add_op("SOFTMAX", simple(3, (softmax_vector,)))
-    r.add_op("QUANTIZE", simple(3, (requantize_only,), generic=(static_shapes, innermost_three)))
-    r.add_op("UNIDIRECTIONAL_SEQUENCE_LSTM", simple(
+        r.add_op(name, OpSupport(max_version=3))
+    r.add_op("CONV_2D", OpSupport(5, (constant_operands(1, 2), same_dilation, layer_width)))
+    r.add_op("DEPTHWISE_CONV_2D", OpSupport(6, (constant_operands(1, 2), same_dilation)))
+    r.add_op("TRANSPOSE_CONV", OpSupport(3, (constant_operands(0, 1, 3),)))
+    r.add_op("FULLY_CONNECTED", OpSupport(9, (constant_operands(1, 2), fc_default_weights,
+                                              layer_width)))
+    r.add_op("AVERAGE_POOL_2D", OpSupport(3, activations=_NONE))
+    r.add_op("MAX_POOL_2D", OpSupport(3, activations=_NONE))
+    r.add_op("CONCATENATION", OpSupport(3, (concat_constants,), activations=_NONE))
+    r.add_op("MEAN", OpSupport(3, (not_on_batch(axis_input=1), mean_depth_multiple_of_4)))
+    r.add_op("SUM", OpSupport(3, (not_on_batch(axis_input=1),)))
+    r.add_op("REDUCE_MAX", OpSupport(3, (not_on_batch(axis_input=1),)))
+    r.add_op("REDUCE_MIN", OpSupport(3, (not_on_batch(axis_input=1),)))
+    r.add_op("PACK", OpSupport(3, (not_on_batch(option="axis"),)))
+    r.add_op("SPLIT", OpSupport(4, (not_on_batch(axis_input=0),)))
+    r.add_op("SLICE", OpSupport(5, (constant_operands(1, 2),)))
+    r.add_op("STRIDED_SLICE", OpSupport(6, (constant_operands(1, 2, 3), unit_strides)))
+    r.add_op("PAD", OpSupport(4, (pad_not_on_batch,)))
+    r.add_op("PRELU", OpSupport(2, (prelu_alpha,)))
+    r.add_op("RESIZE_BILINEAR", OpSupport(4, (constant_operands(1), resize_precision)))
+    r.add_op("RESIZE_NEAREST_NEIGHBOR", OpSupport(4, (constant_operands(1), resize_precision)))
+    r.add_op("SOFTMAX", OpSupport(3, (softmax_vector,)))
+    r.add_op("QUANTIZE", OpSupport(3, (requantize_only,), generic=(static_shapes, innermost_three)))
+    r.add_op("UNIDIRECTIONAL_SEQUENCE_LSTM", OpSupport(
         4, (constant_operands(*range(1, 12)),),
         activations=frozenset({"NONE", "RELU", "RELU6", "TANH", "SIGN_BIT"}),
         generic=(static_shapes, innermost_three, lstm_types)))

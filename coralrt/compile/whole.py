@@ -227,84 +227,121 @@ def merge_segments(segments: list[Model], plain: Model | None = None) -> Model:
     if not segments:
         raise ModelError("no segments to merge")
     plain_ins = {plain.main.tensors[t].name for t in plain.main.inputs} if plain else None
-    tensors: list[Tensor] = []
-    by_name: dict[str, int] = {}       # boundary tensor name -> merged index
-    inputs: list[int] = []
-    ops = []
-    seg_outputs: list[list[int]] = []
-    read_by_later: set[int] = set()
+    graph = _MergedGraph(plain_ins)
     for k, seg in enumerate(segments):
-        if len(seg.subgraphs) != 1:
-            raise ModelError(f"segment {k} has {len(seg.subgraphs)} subgraphs; only "
-                             f"single-subgraph segments can be merged")
-        sg = seg.main
-        local: dict[int, int] = {}
-        for t in sg.inputs:
-            tensor = sg.tensors[t]
-            at = by_name.get(tensor.name)
-            if at is None:
-                if plain_ins is not None and tensor.name not in plain_ins:
-                    raise ModelError(f"segment {k} reads {tensor.name!r}, which no earlier "
-                                     f"segment produces and which is not a model input")
-                at = by_name[tensor.name] = _add(tensors, tensor)
-                inputs.append(at)
-            else:
-                _same(tensors[at], tensor, k)
-                read_by_later.add(at)
-            local[t] = at
-        for t in sg.outputs:
-            name = sg.tensors[t].name
-            if name in by_name and t not in local:
-                raise ModelError(f"segment {k} produces {name!r} again; segments must "
-                                 f"join on unique tensor names")
-
-        def m(idxs, sg=sg, local=local):
-            out = []
-            for t in idxs:
-                if t >= 0 and t not in local:
-                    local[t] = _add(tensors, sg.tensors[t])
-                out.append(local[t] if t >= 0 else -1)
-            return out
-
-        for op in sg.operators:
-            ops.append(dataclasses.replace(op, inputs=m(op.inputs), outputs=m(op.outputs),
-                                           intermediates=m(op.intermediates)))
-        outs = m(sg.outputs)
-        for t, at in zip(sg.outputs, outs):
-            by_name.setdefault(sg.tensors[t].name, at)
-        seg_outputs.append(outs)
-    if plain is not None:
-        psg = plain.main
-        missing = [psg.tensors[t].name for t in psg.outputs if psg.tensors[t].name not in by_name]
-        if missing:
-            raise ModelError(f"no segment produces the model output(s) {missing[:4]}")
-        inputs = [by_name[psg.tensors[t].name] for t in psg.inputs
-                  if psg.tensors[t].name in by_name]
-        outputs = [by_name[psg.tensors[t].name] for t in psg.outputs]
-    else:
-        outputs = [t for outs in seg_outputs for t in outs if t not in read_by_later]
-    main = Subgraph(tensors, ops, inputs, list(dict.fromkeys(outputs)),
+        graph.add_segment(k, seg)
+    inputs, outputs = graph.boundary(plain)
+    main = Subgraph(graph.tensors, graph.ops, inputs, list(dict.fromkeys(outputs)),
                     plain.main.name if plain else segments[0].main.name)
     signatures, metadata = [], list(segments[0].metadata)
     if plain is not None:
         metadata = list(plain.metadata)
-        names = {t.name: i for i, t in reversed(list(enumerate(tensors)))}
-        names.update(by_name)
-        for sig in plain.signatures:
-            if sig.subgraph_index != 0:
-                continue
-            try:
-                signatures.append(dataclasses.replace(
-                    sig, inputs={k: names[psg.tensors[v].name] for k, v in sig.inputs.items()},
-                    outputs={k: names[psg.tensors[v].name] for k, v in sig.outputs.items()}))
-            except KeyError:
-                log.info("signature %r names a tensor the segments do not have; dropped",
-                         sig.key)
-    n_tpu = sum(op.name == EDGETPU_OP for op in ops)
+        signatures = _signatures(plain, graph.tensors, graph.by_name)
+    n_tpu = sum(op.name == EDGETPU_OP for op in graph.ops)
     log.debug("merged %d segment(s): %d operators, %d Edge TPU custom operator(s)",
-              len(segments), len(ops), n_tpu)
+              len(segments), len(graph.ops), n_tpu)
     return Model(subgraphs=[main], description=segments[0].description,
                  version=segments[0].version, metadata=metadata, signatures=signatures)
+
+
+@dataclass
+class _MergedGraph:
+    """The merged subgraph as it grows, one segment after the other."""
+    plain_ins: set[str] | None          # the plain model's input names, when given
+    tensors: list[Tensor] = field(default_factory=list)
+    by_name: dict[str, int] = field(default_factory=dict)   # boundary tensor name -> index
+    inputs: list[int] = field(default_factory=list)
+    ops: list = field(default_factory=list)
+    seg_outputs: list[list[int]] = field(default_factory=list)
+    read_by_later: set[int] = field(default_factory=set)
+
+    def add_segment(self, k: int, seg: Model) -> None:
+        """Append segment ``k``: its inputs joined by name, its operators and tensors."""
+        if len(seg.subgraphs) != 1:
+            raise ModelError(f"segment {k} has {len(seg.subgraphs)} subgraphs; only "
+                             f"single-subgraph segments can be merged")
+        sg = seg.main
+        local = self._join_inputs(k, sg)
+        self._check_new_outputs(k, sg, local)
+        for op in sg.operators:
+            self.ops.append(dataclasses.replace(
+                op, inputs=self._map(sg, local, op.inputs),
+                outputs=self._map(sg, local, op.outputs),
+                intermediates=self._map(sg, local, op.intermediates)))
+        outs = self._map(sg, local, sg.outputs)
+        for t, at in zip(sg.outputs, outs):
+            self.by_name.setdefault(sg.tensors[t].name, at)
+        self.seg_outputs.append(outs)
+
+    def _join_inputs(self, k: int, sg: Subgraph) -> dict[int, int]:
+        """Segment tensor index -> merged index for the segment's inputs: a tensor an
+        earlier segment produced, or else a new input of the merged model."""
+        local: dict[int, int] = {}
+        for t in sg.inputs:
+            tensor = sg.tensors[t]
+            at = self.by_name.get(tensor.name)
+            if at is None:
+                if self.plain_ins is not None and tensor.name not in self.plain_ins:
+                    raise ModelError(f"segment {k} reads {tensor.name!r}, which no earlier "
+                                     f"segment produces and which is not a model input")
+                at = self.by_name[tensor.name] = _add(self.tensors, tensor)
+                self.inputs.append(at)
+            else:
+                _same(self.tensors[at], tensor, k)
+                self.read_by_later.add(at)
+            local[t] = at
+        return local
+
+    def _check_new_outputs(self, k: int, sg: Subgraph, local: dict[int, int]) -> None:
+        """A segment's outputs (but inputs it passes on) must be names not seen yet."""
+        for t in sg.outputs:
+            name = sg.tensors[t].name
+            if name in self.by_name and t not in local:
+                raise ModelError(f"segment {k} produces {name!r} again; segments must "
+                                 f"join on unique tensor names")
+
+    def _map(self, sg: Subgraph, local: dict[int, int], idxs) -> list[int]:
+        """Merged indices of segment tensors (-1 stays -1), copying in those not seen yet."""
+        out = []
+        for t in idxs:
+            if t >= 0 and t not in local:
+                local[t] = _add(self.tensors, sg.tensors[t])
+            out.append(local[t] if t >= 0 else -1)
+        return out
+
+    def boundary(self, plain: Model | None) -> tuple[list[int], list[int]]:
+        """The merged model's inputs and outputs (the outputs may repeat)."""
+        if plain is None:
+            return self.inputs, [t for outs in self.seg_outputs for t in outs
+                                 if t not in self.read_by_later]
+        psg = plain.main
+        missing = [psg.tensors[t].name for t in psg.outputs
+                   if psg.tensors[t].name not in self.by_name]
+        if missing:
+            raise ModelError(f"no segment produces the model output(s) {missing[:4]}")
+        inputs = [self.by_name[psg.tensors[t].name] for t in psg.inputs
+                  if psg.tensors[t].name in self.by_name]
+        return inputs, [self.by_name[psg.tensors[t].name] for t in psg.outputs]
+
+
+def _signatures(plain: Model, tensors: list[Tensor], by_name: dict[str, int]) -> list:
+    """The plain model's signatures of its main subgraph, on the merged tensors; one
+    that names a tensor the segments lack is dropped."""
+    psg = plain.main
+    names = {t.name: i for i, t in reversed(list(enumerate(tensors)))}
+    names.update(by_name)
+    signatures = []
+    for sig in plain.signatures:
+        if sig.subgraph_index != 0:
+            continue
+        try:
+            signatures.append(dataclasses.replace(
+                sig, inputs={k: names[psg.tensors[v].name] for k, v in sig.inputs.items()},
+                outputs={k: names[psg.tensors[v].name] for k, v in sig.outputs.items()}))
+        except KeyError:
+            log.info("signature %r names a tensor the segments do not have; dropped",
+                     sig.key)
+    return signatures
 
 
 def _add(tensors: list[Tensor], tensor: Tensor) -> int:

@@ -114,12 +114,6 @@ class Segment:
 
     __hash__ = None
 
-    def tensor_data(self, tensor_id: int) -> np.ndarray:
-        data = self.tensors[tensor_id].data
-        if data is None:
-            raise KeyError(f"tensor {tensor_id} is not a parameter")
-        return data
-
 
 def parameter_alignment(shape) -> int:
     return WEIGHT_ALIGNMENT if len(shape) >= 2 else SMALL_PARAMETER_ALIGNMENT
@@ -247,58 +241,91 @@ def check_segment(seg: Segment) -> None:
 
 
 def _check_structure(seg: Segment) -> None:
+    """Check the segment's fields, tensor ids, kinds and parameter bytes (not the plan)."""
     n = len(seg.tensors)
     if not seg.ops:
         raise SegmentFormatError("a segment needs at least one operator")
+    _check_io_lists(seg, n)
+    ins, outs = set(seg.inputs), set(seg.outputs)
+    params = []     # (start, end, tensor id) of each parameter's bytes
+    for i, t in enumerate(seg.tensors):
+        where = f"tensor {i} ({t.name!r})"
+        _check_tensor(t, i, ins, outs, where)
+        if t.kind == "parameter":
+            _check_parameter_bytes(t, len(seg.parameters), where)
+            params.append((t.offset, t.offset + t.nbytes, i))
+    _check_parameter_overlap(params)
+    for i, op in enumerate(seg.ops):
+        _check_op(op, f"operator {i} ({op.name!r})", n)
+
+
+def _check_io_lists(seg: Segment, n: int) -> None:
     for name, ids in (("inputs", seg.inputs), ("outputs", seg.outputs)):
         bad = [t for t in ids if not 0 <= t < n]
         if bad or len(set(ids)) != len(ids):
             raise SegmentFormatError(f"segment {name} {list(ids)[:16]} hold ids out of range "
                                      f"0..{n - 1} or repeated ids")
-    ins, outs = set(seg.inputs), set(seg.outputs)
-    params = []
-    for i, t in enumerate(seg.tensors):
-        where = f"tensor {i} ({t.name!r})"
-        kind = "input" if i in ins else "output" if i in outs else None
-        if t.id != i or t.kind not in KINDS or (kind or t.kind) != t.kind or (
-                kind is None and t.kind in ("input", "output")):
-            raise SegmentFormatError(f"id {t.id} / kind {t.kind!r} do not match its position "
-                                     f"and the segment's input/output lists", where=where)
-        if t.variable and t.kind != "activation":
-            raise SegmentFormatError(f"a variable tensor must be an activation, not "
-                                     f"{t.kind!r}", where=where)
-        if t.dtype not in TYPE_NAMES or any(not 0 <= d < _I32 for d in t.shape):
-            raise SegmentFormatError(f"type code {t.dtype} or shape {t.shape} is invalid",
-                                     where=where)
-        size = packed_size(t.dtype, t.shape)
-        if size is None or size != t.nbytes:
-            raise SegmentFormatError(f"holds {t.nbytes} bytes but type {t.type_name} and "
-                                     f"shape {t.shape} need {size}", where=where)
-        _check_quantization(t, where)
-        if t.kind == "parameter":
-            align = parameter_alignment(t.shape)
-            if (t.nbytes == 0 or t.offset < 0 or t.offset % align
-                    or t.offset + t.nbytes > len(seg.parameters)):
-                raise SegmentFormatError(
-                    f"parameter bytes {t.offset}..{t.offset + t.nbytes} must be non-empty, "
-                    f"{align}-byte aligned and inside the {len(seg.parameters)}-byte parameter "
-                    f"section", where=where)
-            params.append((t.offset, t.offset + t.nbytes, i))
+
+
+def _check_tensor(t: SegmentTensor, i: int, ins: set[int], outs: set[int], where: str) -> None:
+    """Check tensor ``i``'s role, then its type, shape, size and quantization."""
+    _check_tensor_role(t, i, ins, outs, where)
+    if t.dtype not in TYPE_NAMES or any(not 0 <= d < _I32 for d in t.shape):
+        raise SegmentFormatError(f"type code {t.dtype} or shape {t.shape} is invalid",
+                                 where=where)
+    size = packed_size(t.dtype, t.shape)
+    if size is None or size != t.nbytes:
+        raise SegmentFormatError(f"holds {t.nbytes} bytes but type {t.type_name} and "
+                                 f"shape {t.shape} need {size}", where=where)
+    _check_quantization(t, where)
+
+
+def _check_tensor_role(t: SegmentTensor, i: int, ins: set[int], outs: set[int],
+                       where: str) -> None:
+    """Check that tensor ``i`` has id ``i``, a kind that agrees with the segment's
+    inputs ``ins`` and outputs ``outs``, and is variable only as an activation."""
+    kind = "input" if i in ins else "output" if i in outs else None
+    if t.id != i or t.kind not in KINDS or (kind or t.kind) != t.kind or (
+            kind is None and t.kind in ("input", "output")):
+        raise SegmentFormatError(f"id {t.id} / kind {t.kind!r} do not match its position "
+                                 f"and the segment's input/output lists", where=where)
+    if t.variable and t.kind != "activation":
+        raise SegmentFormatError(f"a variable tensor must be an activation, not "
+                                 f"{t.kind!r}", where=where)
+
+
+def _check_parameter_bytes(t: SegmentTensor, section: int, where: str) -> None:
+    """Check that a parameter's bytes are non-empty, aligned for its shape and
+    inside the ``section``-byte parameter section."""
+    align = parameter_alignment(t.shape)
+    if (t.nbytes == 0 or t.offset < 0 or t.offset % align
+            or t.offset + t.nbytes > section):
+        raise SegmentFormatError(
+            f"parameter bytes {t.offset}..{t.offset + t.nbytes} must be non-empty, "
+            f"{align}-byte aligned and inside the {section}-byte parameter "
+            f"section", where=where)
+
+
+def _check_parameter_overlap(params: list[tuple[int, int, int]]) -> None:
+    """Check that no two parameters' byte ranges (start, end, tensor id) overlap."""
     params.sort()
     for (_, end, a), (start, _, b) in zip(params, params[1:]):
         if start < end:
             raise SegmentFormatError(f"parameters {a} and {b} overlap in the parameter section")
-    for i, op in enumerate(seg.ops):
-        where = f"operator {i} ({op.name!r})"
-        ids = (*op.inputs, *op.outputs, *op.intermediates)
-        if any(not -1 <= t < n for t in op.inputs) or any(
-                not 0 <= t < n for t in (*op.outputs, *op.intermediates)):
-            raise SegmentFormatError(f"tensor ids {list(ids)[:16]} are out of range 0..{n - 1}",
-                                     where=where)
-        if op.version < 1 or not 0 <= op.opcode < 2**32 or (op.opcode == CUSTOM) != bool(
-                op.custom_code):
-            raise SegmentFormatError(f"opcode {op.opcode} / version {op.version} / custom code "
-                                     f"{op.custom_code!r} are inconsistent", where=where)
+
+
+def _check_op(op: SegmentOp, where: str, n: int) -> None:
+    """Check an operator's tensor ids (-1 only for an omitted input) and its
+    opcode, version and custom code."""
+    ids = (*op.inputs, *op.outputs, *op.intermediates)
+    if any(not -1 <= t < n for t in op.inputs) or any(
+            not 0 <= t < n for t in (*op.outputs, *op.intermediates)):
+        raise SegmentFormatError(f"tensor ids {list(ids)[:16]} are out of range 0..{n - 1}",
+                                 where=where)
+    if op.version < 1 or not 0 <= op.opcode < 2**32 or (op.opcode == CUSTOM) != bool(
+            op.custom_code):
+        raise SegmentFormatError(f"opcode {op.opcode} / version {op.version} / custom code "
+                                 f"{op.custom_code!r} are inconsistent", where=where)
 
 
 def _check_quantization(t: SegmentTensor, where: str) -> None:

@@ -30,7 +30,8 @@ from coralrt.model.custom_options import check_known_custom_op
 from coralrt.model.op_checks import MAX_RANK, check_builtin_op
 from coralrt.model.optional_inputs import check_omitted_inputs
 from coralrt.model.quant_checks import check_kernel_quantization
-from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Subgraph, Tensor, packed_size
+from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Operator, Subgraph, Tensor, \
+    packed_size
 
 __all__ = ["validate"]
 
@@ -91,83 +92,134 @@ def validate(model: Model) -> None:
 
 def _check_subgraph(sg: Subgraph, si: int, subgraphs: list[Subgraph]) -> None:
     where = f"subgraph {si}"
-    n_sub = len(subgraphs)
-    n = len(sg.tensors)
     for ti, t in enumerate(sg.tensors):
         _check_tensor(t, f"{where}, tensor {ti} ({t.name!r})")
-    # LiteRT refuses too: "Invalid tensor index N in inputs/outputs".
-    for kind, idxs in (("input", sg.inputs), ("output", sg.outputs)):
-        for i in idxs:
-            if not 0 <= i < n:
-                raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph has "
-                                 f"{n} tensors)", where=where)
-    produced: dict[int, int] = {}
+    _check_subgraph_io(sg, where)
+    produced: dict[int, int] = {}   # tensor -> the operator that writes it
     types: dict[int, str] = {}   # types LiteRT's kernels give their outputs
     inputs = set(sg.inputs)
     # Tensors an operator may read: inputs, constants, state, earlier results.
     ready = inputs | {i for i, t in enumerate(sg.tensors) if t.is_constant or t.is_variable}
     for oi, op in enumerate(sg.operators):
-        owhere = f"{where}, operator {oi} ({op.name})"
-        # LiteRT refuses too: "Op builtin_code out of range" / "Operator with
-        # CUSTOM builtin_code has no custom_code".
-        if not op.opcode.is_custom and op.opcode.builtin_code not in BUILTIN_NAMES:
-            raise ModelError(f"unknown builtin operator code {op.opcode.builtin_code}",
+        _check_operator(sg, oi, op, where, subgraphs, ready, produced, inputs, types)
+    _check_outputs_written(sg, produced, inputs, where)
+
+
+def _check_subgraph_io(sg: Subgraph, where: str) -> None:
+    # LiteRT refuses too: "Invalid tensor index N in inputs/outputs".
+    n = len(sg.tensors)
+    for kind, idxs in (("input", sg.inputs), ("output", sg.outputs)):
+        for i in idxs:
+            if not 0 <= i < n:
+                raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph has "
+                                 f"{n} tensors)", where=where)
+
+
+def _check_operator(sg: Subgraph, oi: int, op: Operator, where: str,
+                    subgraphs: list[Subgraph], ready: set[int], produced: dict[int, int],
+                    inputs: set[int], types: dict[int, str]) -> None:
+    """Check operator ``oi`` of ``sg`` in file order: ``ready`` holds the tensors
+    it may read and ``produced`` the writer of each tensor written so far; both
+    are updated with its outputs, and ``types`` with the types its kernel gives
+    them."""
+    owhere = f"{where}, operator {oi} ({op.name})"
+    _check_opcode(op, owhere)
+    _check_operand_indices(op, len(sg.tensors), owhere)
+    check_omitted_inputs(op, owhere, subgraphs)
+    _check_inputs_ready(sg, op, ready, owhere)
+    ready.update(op.outputs)
+    _check_outputs(sg, oi, op, produced, inputs, owhere)
+    _check_count_options(op, owhere)
+    if op.opcode.is_custom:
+        check_known_custom_op(sg, op, owhere)
+    else:
+        check_kernel_quantization(sg, op, owhere, types)
+        check_builtin_op(sg, op, owhere)
+    _check_subgraph_references(op, len(subgraphs), owhere)
+
+
+def _check_opcode(op: Operator, owhere: str) -> None:
+    # LiteRT refuses too: "Op builtin_code out of range" / "Operator with
+    # CUSTOM builtin_code has no custom_code".
+    if not op.opcode.is_custom and op.opcode.builtin_code not in BUILTIN_NAMES:
+        raise ModelError(f"unknown builtin operator code {op.opcode.builtin_code}",
+                         where=owhere)
+    if op.opcode.is_custom and not op.opcode.custom_code:
+        raise ModelError("custom operator without a custom code", where=owhere)
+
+
+def _check_operand_indices(op: Operator, n: int, owhere: str) -> None:
+    # LiteRT refuses too ("Invalid tensor index N in node inputs/outputs");
+    # coralrt indexes the tensors of every operand (intermediates too).  Only
+    # an input may be -1 (an omitted optional input).
+    for kind, idxs, optional in (("input", op.inputs, True), ("output", op.outputs, False),
+                                 ("intermediate", op.intermediates, False)):
+        for i in idxs:
+            if not (-1 if optional else 0) <= i < n:
+                raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph "
+                                 f"has {n} tensors)", where=owhere)
+
+
+def _check_inputs_ready(sg: Subgraph, op: Operator, ready: set[int], owhere: str) -> None:
+    # coralrt: LiteRT runs operators in file order without checking that
+    # an operand was written; a kernel then reads arena memory nothing
+    # wrote (a wrong answer, or a crash when the garbage is a shape or an
+    # index), or refuses ("Input tensor N lacks data").
+    for i in op.inputs:
+        if i >= 0 and i not in ready:
+            raise ModelError(f"input tensor {i} ({sg.tensors[i].name!r}) is read before any "
+                             f"operator writes it, and is not a constant or a subgraph "
+                             f"input", where=owhere)
+
+
+def _check_outputs(sg: Subgraph, oi: int, op: Operator, produced: dict[int, int],
+                   inputs: set[int], owhere: str) -> None:
+    """Check the tensors operator ``oi`` writes, recording it as their writer."""
+    for i in op.outputs:
+        # LiteRT refuses a tensor that is both an operator's input and output;
+        # coralrt's executor and partitioner keep one writer per tensor.
+        if i in produced:
+            raise ModelError(f"tensor {i} is written by operators {produced[i]} and {oi}",
                              where=owhere)
-        if op.opcode.is_custom and not op.opcode.custom_code:
-            raise ModelError("custom operator without a custom code", where=owhere)
-        # LiteRT refuses too ("Invalid tensor index N in node inputs/outputs");
-        # coralrt indexes the tensors of every operand (intermediates too).
-        for kind, idxs, optional in (("input", op.inputs, True), ("output", op.outputs, False),
-                                     ("intermediate", op.intermediates, False)):
-            for i in idxs:
-                if not (-1 if optional else 0) <= i < n:
-                    raise ModelError(f"{kind} tensor index {i} is out of range (the subgraph "
-                                     f"has {n} tensors)", where=owhere)
-        check_omitted_inputs(op, owhere, subgraphs)
-        # coralrt: LiteRT runs operators in file order without checking that
-        # an operand was written; a kernel then reads arena memory nothing
-        # wrote (a wrong answer, or a crash when the garbage is a shape or an
-        # index), or refuses ("Input tensor N lacks data").
-        for i in op.inputs:
-            if i >= 0 and i not in ready:
-                raise ModelError(f"input tensor {i} ({sg.tensors[i].name!r}) is read before any "
-                                 f"operator writes it, and is not a constant or a subgraph "
-                                 f"input", where=owhere)
-        ready.update(op.outputs)
-        for i in op.outputs:
-            # LiteRT refuses a tensor that is both an operator's input and output;
-            # coralrt's executor and partitioner keep one writer per tensor.
-            if i in produced:
-                raise ModelError(f"tensor {i} is written by operators {produced[i]} and {oi}",
-                                 where=owhere)
-            produced[i] = oi
-            # Crash: a constant lives in the model buffer (kTfLiteMmapRo); the
-            # kernel writes its result there, SIGSEGV when the file is mapped
-            # read-only (measured with Interpreter(model_path=...)).
-            if sg.tensors[i].is_constant:
-                raise ModelError(f"output tensor {i} is a constant", where=owhere)
-            # coralrt: the operator would overwrite the caller's input, which
-            # coralrt feeds anew each run.
-            if i in inputs:
-                raise ModelError(f"output tensor {i} is also an input of the subgraph",
-                                 where=owhere)
-        for option, side in _COUNT_OPTIONS.get(op.name, ()):
-            n_tensors = len(op.inputs if side == "inputs" else op.outputs)
-            if op.options.get(option) != n_tensors:
-                raise ModelError(f"option {option}={op.options.get(option)} but the operator "
-                                 f"has {n_tensors} {side}", where=owhere)
-        if op.opcode.is_custom:
-            check_known_custom_op(sg, op, owhere)
-        else:
-            check_kernel_quantization(sg, op, owhere, types)
-            check_builtin_op(sg, op, owhere)
-        for key, value in op.options.items():
-            # LiteRT refuses too (while.cc, if.cc, call_once.cc check the index
-            # against the subgraph count); coralrt follows these indices.
-            if key.endswith("subgraph_index") or (key == "subgraph" and op.name == "CALL"):
-                if not 0 <= value < n_sub:
-                    raise ModelError(f"{key} {value} is out of range (the model has {n_sub} "
-                                     f"subgraphs)", where=owhere)
+        produced[i] = oi
+        # Crash: a constant lives in the model buffer (kTfLiteMmapRo); the
+        # kernel writes its result there, SIGSEGV when the file is mapped
+        # read-only (measured with Interpreter(model_path=...)).
+        if sg.tensors[i].is_constant:
+            raise ModelError(f"output tensor {i} is a constant", where=owhere)
+        # coralrt: the operator would overwrite the caller's input, which
+        # coralrt feeds anew each run.
+        if i in inputs:
+            raise ModelError(f"output tensor {i} is also an input of the subgraph",
+                             where=owhere)
+
+
+def _check_count_options(op: Operator, owhere: str) -> None:
+    # See _COUNT_OPTIONS for what each rule guards against.
+    for option, side in _COUNT_OPTIONS.get(op.name, ()):
+        n_tensors = len(op.inputs if side == "inputs" else op.outputs)
+        if op.options.get(option) != n_tensors:
+            raise ModelError(f"option {option}={op.options.get(option)} but the operator "
+                             f"has {n_tensors} {side}", where=owhere)
+
+
+def _is_subgraph_option(op: Operator, key: str) -> bool:
+    """Whether option ``key`` of ``op`` is the index of a subgraph it calls."""
+    return key.endswith("subgraph_index") or (key == "subgraph" and op.name == "CALL")
+
+
+def _check_subgraph_references(op: Operator, n_sub: int, owhere: str) -> None:
+    # LiteRT refuses too (while.cc, if.cc, call_once.cc check the index
+    # against the subgraph count); coralrt follows these indices.
+    for key, value in op.options.items():
+        if _is_subgraph_option(op, key):
+            if not 0 <= value < n_sub:
+                raise ModelError(f"{key} {value} is out of range (the model has {n_sub} "
+                                 f"subgraphs)", where=owhere)
+
+
+def _check_outputs_written(sg: Subgraph, produced: dict[int, int], inputs: set[int],
+                           where: str) -> None:
     # coralrt: LiteRT plans no memory for a tensor nothing writes: it runs the
     # model and then cannot return that output ("Tensor data is null"), and
     # coralrt's executor has no value for it.
@@ -182,7 +234,7 @@ def _called_subgraphs(sg: Subgraph) -> set[int]:
     called = set()
     for op in sg.operators:
         for key, value in op.options.items():
-            if key.endswith("subgraph_index") or (key == "subgraph" and op.name == "CALL"):
+            if _is_subgraph_option(op, key):
                 called.add(int(value))
     return called
 

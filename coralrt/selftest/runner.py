@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from coralrt.errors import ConfigError, CoralRTError, DeviceError, DeviceNotFoundError, \
     FirmwareError
@@ -137,16 +138,58 @@ def run_selftest(*, device: str | None = None, backend=None, simulated: bool = F
     return report
 
 
+@dataclass
+class _OpenAttempt:
+    """What the driver's open did, as the recording backend and the clock saw it."""
+    error: DeviceError | None   # what the open raised, if it failed
+    start: int                  # the recorder's marks before and after the open
+    stop: int
+    t0: float                   # time.perf_counter() before and after the open
+    t1: float
+    vendor: list                # the register reads and writes during the open
+    t_chip: float               # when the first register access began (t1 if none did)
+
+
 def _open(report: Report, rec: RecordingBackend, info, mode: str, firmware, stand_in: bool,
           trace) -> tuple[UsbEdgeTpu, bool]:
-    image = None
-    if mode == "bootloader":
-        try:    # what the driver downloads (its open says how to install a missing one)
-            image = bytes(firmware) if isinstance(firmware, (bytes, bytearray)) else \
-                fw.load_installed() if firmware is None else None
-        except FirmwareError:
-            pass
+    """Open the stick with the driver and report what the open did: the firmware
+    download, the re-enumeration and the bring-up, then (when the stick came up)
+    the register read-back and the USB speed.  Returns the device and whether it
+    was brought up; the caller closes it either way."""
+    image = _firmware_image(mode, firmware)
     dev = UsbEdgeTpu(info.port_path or info.path, rec, firmware=firmware)
+    attempt = _attempt_open(dev, rec, stand_in)
+    after, running_here = _devices_after_open(rec, info)
+    dl_failed = _report_download(report, rec, mode, image, stand_in, attempt, running_here)
+    _report_reenumeration(report, info, mode, after, running_here, dl_failed)
+    if attempt.error is not None:
+        _report_not_brought_up(report, attempt.error, dl_failed)
+        return dev, False
+    _report_bring_up(report, dev, attempt, trace)
+    report.add(_readback(attempt.vendor))
+    report.add(_speed(report, rec, info, dev.usb_speed))
+    return dev, True
+
+
+def _firmware_image(mode: str, firmware) -> bytes | None:
+    """The image the driver downloads to a bootloader-mode stick, for the report:
+    ``firmware`` itself when it is bytes, the installed image when it is None.
+    None for a running stick, for any other ``firmware``, or when the installed
+    image is missing or invalid (the driver's open then says how to install it)."""
+    if mode != "bootloader":
+        return None
+    try:
+        return bytes(firmware) if isinstance(firmware, (bytes, bytearray)) else \
+            fw.load_installed() if firmware is None else None
+    except FirmwareError:
+        return None
+
+
+def _attempt_open(dev: UsbEdgeTpu, rec: RecordingBackend, stand_in: bool) -> _OpenAttempt:
+    """Run the driver's open, timing it and marking its transfers; a
+    :class:`DeviceError` is kept in the result rather than raised.  With the
+    stand-in image the driver's warning that it is not Google's is silenced
+    (the report says so itself)."""
     start = rec.mark()
     quiet = _NotPinned() if stand_in else None
     usb_log = logging.getLogger("coralrt.usb")
@@ -165,37 +208,54 @@ def _open(report: Report, rec: RecordingBackend, info, mode: str, firmware, stan
     stop = rec.mark()
     vendor = rec.vendor(start, stop)
     t_chip = vendor[0].seconds if vendor else t1
+    return _OpenAttempt(error, start, stop, t0, t1, vendor, t_chip)
+
+
+def _devices_after_open(rec: RecordingBackend, info) -> tuple[list, list]:
+    """The sticks enumerated after the open (none when listing fails), and those
+    of them running their firmware at the opened stick's port path."""
     try:
         after = list_devices(rec)
     except DeviceError:
         after = []
     here = [d for d in after if info.port_path and d.port_path == info.port_path]
-    running_here = [d for d in here if d.mode == "running"]
+    return after, [d for d in here if d.mode == "running"]
 
-    # Firmware download.
+
+def _report_download(report: Report, rec: RecordingBackend, mode: str, image, stand_in: bool,
+                     attempt: _OpenAttempt, running_here: list) -> bool:
+    """Report the firmware download (skipped for a stick already running its
+    firmware) and return whether it failed: the open raised a FirmwareError, or
+    it raised anything and no running stick came back at the same port."""
+    error = attempt.error
     dl_failed = isinstance(error, FirmwareError)
     if mode == "running":
         report.add(skipped("firmware-download", "the stick already runs its firmware "
                            "(18d1:9302): nothing to download; unplug and replug it to test "
                            "the download too"))
-    else:
-        blocks = rec.count(C.DFU_OUT, C.DFU_DNLOAD, start, stop)
-        uploads = rec.count(C.DFU_IN, C.DFU_UPLOAD, start, stop)
-        m = {"bytes": len(image) if image else None,
-             "sha256": fw.sha256(image) if image else None,
-             "google_image": bool(image) and fw.sha256(image) == fw.FIRMWARE_SHA256,
-             "stand_in_image": stand_in, "dnload_requests": blocks,
-             "upload_requests": uploads, "seconds": round(t_chip - t0, 4)}
-        what = " (the simulated stick's stand-in image, not Google's)" if stand_in else ""
-        if dl_failed or (error is not None and not running_here):
-            dl_failed = True
-            report.add(fail("firmware-download", str(error), **m))
-        else:
-            report.add(ok("firmware-download",
-                          f"{m['bytes']:,} bytes{what} in {blocks} DFU requests, read back "
-                          f"and compared, in {t_chip - t0:.2f} s", **m))
+        return dl_failed
+    blocks = rec.count(C.DFU_OUT, C.DFU_DNLOAD, attempt.start, attempt.stop)
+    uploads = rec.count(C.DFU_IN, C.DFU_UPLOAD, attempt.start, attempt.stop)
+    seconds = attempt.t_chip - attempt.t0
+    m = {"bytes": len(image) if image else None,
+         "sha256": fw.sha256(image) if image else None,
+         "google_image": bool(image) and fw.sha256(image) == fw.FIRMWARE_SHA256,
+         "stand_in_image": stand_in, "dnload_requests": blocks,
+         "upload_requests": uploads, "seconds": round(seconds, 4)}
+    what = " (the simulated stick's stand-in image, not Google's)" if stand_in else ""
+    if dl_failed or (error is not None and not running_here):
+        report.add(fail("firmware-download", str(error), **m))
+        return True
+    report.add(ok("firmware-download",
+                  f"{m['bytes']:,} bytes{what} in {blocks} DFU requests, read back "
+                  f"and compared, in {seconds:.2f} s", **m))
+    return False
 
-    # Re-enumeration: after the download, or after the port reset of a running stick.
+
+def _report_reenumeration(report: Report, info, mode: str, after: list, running_here: list,
+                          dl_failed: bool) -> None:
+    """Report whether the stick came back as 18d1:9302 at the same port path, after
+    the firmware download or after the port reset of a running stick."""
     cause = "the firmware download" if mode == "bootloader" else "the port reset"
     if not info.port_path:
         report.add(skipped("re-enumeration", "the USB backend reports no port numbers, so "
@@ -216,15 +276,22 @@ def _open(report: Report, rec: RecordingBackend, info, mode: str, firmware, stan
                                                if elsewhere else ""),
                         running_elsewhere=elsewhere))
 
-    # Bring-up, register read-back, USB speed.
-    if error is not None:
-        if dl_failed:
-            report.add(skipped("bring-up", "the firmware download failed"))
-        else:
-            report.add(fail("bring-up", str(error)))
-        report.add(skipped("register-readback", "the stick was not brought up"))
-        report.add(skipped("usb-speed", "the stick was not brought up"))
-        return dev, False
+
+def _report_not_brought_up(report: Report, error: DeviceError, dl_failed: bool) -> None:
+    """Report a failed open: the bring-up fails (or is skipped when the download
+    already failed), and the checks that need a running stick are skipped."""
+    if dl_failed:
+        report.add(skipped("bring-up", "the firmware download failed"))
+    else:
+        report.add(fail("bring-up", str(error)))
+    report.add(skipped("register-readback", "the stick was not brought up"))
+    report.add(skipped("usb-speed", "the stick was not brought up"))
+
+
+def _report_bring_up(report: Report, dev: UsbEdgeTpu, attempt: _OpenAttempt, trace) -> None:
+    """Report the bring-up of an opened stick: its register writes beside those of
+    libedgetpu's recorded open ``trace``."""
+    vendor, t_chip, t1 = attempt.vendor, attempt.t_chip, attempt.t1
     cmp = compare_with_trace(vendor, trace)
     writes = sum(1 for t in vendor if t.request_type == 0x40)
     m = {"seconds": round(t1 - t_chip, 4), "register_writes": writes,
@@ -238,9 +305,6 @@ def _open(report: Report, rec: RecordingBackend, info, mode: str, firmware, stan
     else:
         report.add(fail("bring-up", "the open wrote registers differently from libedgetpu's "
                         "open: " + "; ".join(cmp["write_differences"][:3]), **m))
-    report.add(_readback(vendor))
-    report.add(_speed(report, rec, info, dev.usb_speed))
-    return dev, True
 
 
 def _readback(vendor) -> dict:

@@ -20,15 +20,6 @@ __all__ = ["SegmentRunner"]
 
 
 class SegmentRunner:
-    @staticmethod
-    def check_supported(segment: Segment, extra: dict | None = None) -> None:
-        """Raise UnsupportedOperatorError if an operator has no kernel."""
-        for i, op in enumerate(segment.ops):
-            if (extra or {}).get(op.name) is None and kernel_for(op.name) is None:
-                raise UnsupportedOperatorError(
-                    op.name, where=f"segment operator {i}",
-                    detail="the simulated Edge TPU has no kernel for it")
-
     def __init__(self, segment: Segment, extra: dict | None = None):
         """``extra``: kernel factories by operator name that plugins provide."""
         self.segment = segment

@@ -129,17 +129,16 @@ def test_libedgetpu_runs_every_compiled_model(sessions, build, model):
     assert "fatal" not in ops                                    # the stick saw no stray
     # Through the shim: the reset after the download answers NOT_FOUND (the stick
     # re-enumerates), libedgetpu lists the devices again and opens it there; its
-    # asynchronous transfers complete on every endpoint, and its queued reads are
-    # cancelled when it closes.
+    # asynchronous transfers complete on every endpoint, and after a run its queued
+    # reads are cancelled when it closes.
     calls = [(x["call"], x["status"]) for x in theirs.log if x["side"] == "shim"]
     reset = calls.index(("libusb_reset_device", "LIBUSB_ERROR_NOT_FOUND"))
     assert ("libusb_open", "LIBUSB_SUCCESS") in calls[reset:]
     done = {(x["ep"], x["status"]) for x in theirs.log
             if x["side"] == "shim" and x["call"] == "callback"}
-    assert (0x81, "LIBUSB_TRANSFER_CANCELLED") in done
     if theirs.refused is None:
         assert {(0x01, "LIBUSB_TRANSFER_COMPLETED"), (0x81, "LIBUSB_TRANSFER_COMPLETED"),
-                (0x82, "LIBUSB_TRANSFER_COMPLETED")} <= done
+                (0x82, "LIBUSB_TRANSFER_COMPLETED"), (0x81, "LIBUSB_TRANSFER_CANCELLED")} <= done
         assert steps == ["delegate", "first", "warm", "closed"]
         assert ops.count("dwn1_request") >= 3                    # caching, first, warm
         assert not isinstance(ours, Exception), f"coralrt failed where libedgetpu ran: {ours}"

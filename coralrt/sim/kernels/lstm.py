@@ -3,10 +3,11 @@
 int8 input, output and weights, int32 gate biases, an int8 output state
 and an int16 cell state whose scale is a power of two.  Each gate is
 ``act(MBQM(W_x x) + MBQM(W_h h))`` saturated to int16 in Q3.12; sigmoid and
-tanh are gemmlowp's int16 fixed-point functions, evaluated here once for all
-65536 inputs into lookup tables.  The input zero point, the output-state zero
-point and the gate bias are folded into one int32 bias per matrix row at load
-time, as TFLite's Prepare does.
+tanh are gemmlowp's int16 fixed-point functions, evaluated once for all
+65536 inputs into lookup tables (:mod:`coralrt.sim.kernels.int16_fixedpoint`).
+The input zero point, the output-state zero point and the gate bias are
+folded into one int32 bias per matrix row at load time, as TFLite's Prepare
+does.
 
 The two state tensors are variable: the runner hands in arrays that persist
 across runs, and ``run`` overwrites them in place with the final states.
@@ -25,17 +26,19 @@ change the intermediates' meaning) are rejected.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-try:                                   # the clip ufunc, without np.clip's Python checks
-    from numpy._core.umath import clip as _clip
-except ImportError:                    # numpy < 2
-    from numpy.core.umath import clip as _clip
 
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels.int16_fixedpoint import (
+    _I16_MAX, _I16_MIN, _clip, _rdbypot, _w16, sigmoid_q3_12, tanh_int16)
+
+if TYPE_CHECKING:
+    from coralrt.formats.segment import SegmentTensor
 
 __all__ = ["sigmoid_q3_12", "tanh_int16"]
 
@@ -48,131 +51,6 @@ _BIAS = (12, 13, 14, 15)
 _PROJ_W, _PROJ_B = 16, 17
 _H_STATE, _C_STATE = 18, 19
 _LAYER_NORM = (20, 21, 22, 23)
-
-_I16_MIN, _I16_MAX = -32768, 32767
-
-
-# -- gemmlowp int16 fixed point ------------------------------------------------------------
-#
-# All values are int64 arrays holding int16 values; ``_w16`` reproduces the
-# truncation C++ applies when a wider intermediate is stored back as int16.
-
-def _w16(x):
-    return ((np.asarray(x, np.int64) + 32768) & 0xFFFF) - 32768
-
-
-def _tdiv(x, d: int):
-    """C++ integer division (truncates toward zero) by a positive constant."""
-    q = np.abs(x) // d
-    return np.where(x < 0, -q, q)
-
-
-def _srdhm16(a, b):
-    ab = a * b
-    q = _tdiv(ab + np.where(ab >= 0, 1 << 14, 1 - (1 << 14)), 1 << 15)
-    return np.where((a == b) & (a == _I16_MIN), _I16_MAX, _w16(q))
-
-
-def _rdbypot(x, exponent: int):
-    mask = (1 << exponent) - 1
-    threshold = (mask >> 1) + (x < 0)
-    return (x >> exponent) + ((x & mask) > threshold)
-
-
-def _srmbypot16(x, exponent: int):
-    """SaturatingRoundingMultiplyByPOT<exponent> on int16."""
-    if exponent == 0:
-        return x
-    if exponent < 0:
-        return _rdbypot(x, -exponent)
-    threshold = (1 << (15 - exponent)) - 1
-    r = _w16(x << exponent)
-    return np.where(x > threshold, _I16_MAX, np.where(x < -threshold, _I16_MIN, r))
-
-
-def _const16(raw32: int) -> int:
-    """A gemmlowp constant given as int32 raw, narrowed to int16."""
-    return int(_w16(_rdbypot(np.int64(raw32), 16)))
-
-
-def _exp_on_quarter_interval(a):
-    """exp(a) for a in [-1/4, 0), Q0.15 in and out."""
-    c_term, c_third = _const16(1895147668), _const16(715827883)
-    x = _w16(a + (1 << 12))
-    x2 = _srdhm16(x, x)
-    x3 = _srdhm16(x2, x)
-    x4 = _srdhm16(x2, x2)
-    t = _w16(_srdhm16(_w16(_rdbypot(x4, 2) + x3), c_third) + x2)
-    t = _rdbypot(t, 1)
-    return _clip(c_term + _srdhm16(c_term, _w16(x + t)), _I16_MIN, _I16_MAX)
-
-
-_EXP_BARREL = ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308),
-               (2, 39332535), (3, 720401), (4, 242))
-
-
-def _exp_on_negative_values(a, integer_bits: int):
-    frac = 15 - integer_bits
-    quarter = 1 << (frac - 2)
-    a_mod = _w16((a & (quarter - 1)) - quarter)
-    result = _exp_on_quarter_interval(_srmbypot16(a_mod, integer_bits))
-    remainder = _w16(a_mod - a)
-    for exponent, multiplier in _EXP_BARREL:
-        if integer_bits > exponent:
-            bit = int(_w16(1 << (frac + exponent)))
-            result = np.where((remainder & bit) != 0,
-                              _srdhm16(result, _const16(multiplier)), result)
-    if integer_bits > 5:
-        clamp = _const16(-(1 << (36 - integer_bits)))
-        result = np.where(a < clamp, 0, result)
-    return np.where(a == 0, _I16_MAX, result)
-
-
-def _newton_reciprocal(a):
-    """x ~= 1 / ((1 + a) / 2) in Q2.13, for a in Q0.15."""
-    s = a + _I16_MAX
-    half = _w16(_tdiv(s + np.where(s >= 0, 1, -1), 2))
-    x = _w16(_const16(1515870810) + _srdhm16(half, _const16(-1010580540)))
-    for _ in range(3):
-        one_minus = _w16((1 << 13) - _srdhm16(half, x))
-        x = _w16(x + _srmbypot16(_srdhm16(x, one_minus), 2))
-    return x
-
-
-def _logistic(a, integer_bits: int):
-    positive = a > 0
-    abs_a = np.where(positive, a, _w16(-a))
-    e = _exp_on_negative_values(_w16(-abs_a), integer_bits)
-    r_pos = _srmbypot16(_newton_reciprocal(e), 1)
-    r_neg = _w16(_I16_MAX - r_pos)
-    return np.where(a == 0, _const16(1 << 30), np.where(positive, r_pos, r_neg))
-
-
-def _tanh(a, integer_bits: int):
-    negative = a < 0
-    n = np.where(negative, a, _w16(-a))
-    e = _exp_on_negative_values(n, integer_bits + 1)
-    t = _srmbypot16(_w16(_newton_reciprocal(e) - (1 << 13)), 2)
-    return np.where(a == 0, 0, np.where(negative, _w16(-t), t))
-
-
-_ALL_INT16 = np.arange(_I16_MIN, _I16_MAX + 1, dtype=np.int64)
-_TABLES: dict = {}
-
-
-def sigmoid_q3_12() -> np.ndarray:
-    """int16 logistic of every Q3.12 input (index = raw + 32768), Q0.15 out."""
-    if "sigmoid" not in _TABLES:
-        _TABLES["sigmoid"] = _logistic(_ALL_INT16, 3).astype(np.int16)
-    return _TABLES["sigmoid"]
-
-
-def tanh_int16(integer_bits: int) -> np.ndarray:
-    """int16 tanh of every input with ``integer_bits`` integer bits, Q0.15 out."""
-    key = ("tanh", integer_bits)
-    if key not in _TABLES:
-        _TABLES[key] = _tanh(_ALL_INT16, integer_bits).astype(np.int16)
-    return _TABLES[key]
 
 
 # -- the operator --------------------------------------------------------------------------
@@ -192,45 +70,68 @@ def _rdbypot32(x, exponent: int):
     return _rdbypot(x, exponent) if exponent > 0 else x
 
 
-@register("UNIDIRECTIONAL_SEQUENCE_LSTM")
-def unidirectional_sequence_lstm(ctx: OpContext):
-    where = "UNIDIRECTIONAL_SEQUENCE_LSTM"
-    ins = list(ctx.inputs) + [None] * (24 - len(ctx.inputs))
-    x_t, out_t = ins[_X], ctx.outputs[0]
-    h_t, c_t = ins[_H_STATE], ins[_C_STATE]
+_WHERE = "UNIDIRECTIONAL_SEQUENCE_LSTM"
+
+
+def _check_variant(ctx: OpContext, ins: list) -> None:
+    """Reject the LSTM variants this kernel does not implement (see the module docstring)."""
+    x_t, h_t, c_t = ins[_X], ins[_H_STATE], ins[_C_STATE]
     if ctx.dtype(x_t) != np.int8 or ctx.dtype(ins[_W_X[3]]) != np.int8:
         raise ModelError("only the fully integer LSTM (int8 input and weights) is supported",
-                         where=where)
+                         where=_WHERE)
     if any(ins[k] is not None for k in _PEEPHOLE + _LAYER_NORM):
         raise ModelError("peephole connections and layer normalisation are not supported",
-                         where=where)
+                         where=_WHERE)
     if len(ctx.intermediates) != 5:
         raise ModelError(f"the integer LSTM needs 5 intermediate tensors, got "
-                         f"{len(ctx.intermediates)}", where=where)
+                         f"{len(ctx.intermediates)}", where=_WHERE)
     if ctx.dtype(h_t) != np.int8 or ctx.dtype(c_t) != np.int16:
-        raise ModelError("the output state must be int8 and the cell state int16", where=where)
+        raise ModelError("the output state must be int8 and the cell state int16", where=_WHERE)
     if len(ins[_W_H[3]].shape) != 2:
-        raise ModelError("diagonal recurrent weights are not supported", where=where)
+        raise ModelError("diagonal recurrent weights are not supported", where=_WHERE)
     if len(x_t.shape) != 3:
-        raise ModelError(f"input of rank {len(x_t.shape)}; expected 3", where=where)
-    time_major = bool(ctx.params.get("time_major", False))
+        raise ModelError(f"input of rank {len(x_t.shape)}; expected 3", where=_WHERE)
 
-    use_cifg = ins[_W_X[0]] is None
-    gates = (1, 2, 3) if use_cifg else (0, 1, 2, 3)
-    w_x = {g: ctx.const(_W_X[g]).astype(np.int64) for g in gates}
-    w_h = {g: ctx.const(_W_H[g]).astype(np.int64) for g in gates}
-    bias = {g: ctx.const(_BIAS[g]).astype(np.int64) for g in gates}
-    n_cell, n_input = w_x[3].shape
-    n_output = w_h[3].shape[1]
 
-    x_scale, x_zp = ctx.scale(x_t), ctx.zero_point(x_t)
-    h_scale, h_zp = ctx.scale(h_t), ctx.zero_point(h_t)
+def _cell_scale_log2(ctx: OpContext, c_t) -> int:
+    """The cell state's scale as a power-of-two exponent."""
     cell_scale = _checked_log2(ctx.scale(c_t))
     if cell_scale is None:
         raise ModelError(f"cell state scale {ctx.scale(c_t)} is not a power of two",
-                         where=where)
-    hidden = ctx.intermediates[4]
-    hidden_scale, hidden_zp = ctx.scale(hidden), ctx.zero_point(hidden)
+                         where=_WHERE)
+    return cell_scale
+
+
+# -- load time: the gates, the projection, the clips, the tables ---------------------------
+
+@dataclass
+class _GateStack:
+    """The gates' rows stacked, so one matrix product serves all of them."""
+    count: int                # 3 with CIFG, else 4
+    wx: np.ndarray            # input weights, transposed, as float64
+    wh: np.ndarray            # recurrent weights, transposed, as float64
+    bx: np.ndarray            # per-row biases with the zero points folded in
+    bh: np.ndarray
+    mx_m: np.ndarray          # per-row multipliers and shifts to Q3.12
+    mx_s: np.ndarray
+    mh_m: np.ndarray
+    mh_s: np.ndarray
+
+
+def _gate_weights(ctx: OpContext, gates) -> tuple[dict, dict, dict]:
+    """Each gate's input weights, recurrent weights and bias, as int64."""
+    w_x = {g: ctx.const(_W_X[g]).astype(np.int64) for g in gates}
+    w_h = {g: ctx.const(_W_H[g]).astype(np.int64) for g in gates}
+    bias = {g: ctx.const(_BIAS[g]).astype(np.int64) for g in gates}
+    return w_x, w_h, bias
+
+
+def _stack_gates(ctx: OpContext, ins: list, gates, weights, x_q, h_q) -> _GateStack:
+    """Fold and stack the gates; ``x_q``, ``h_q``: (scale, zero point) of the
+    input and of the output state."""
+    w_x, w_h, bias = weights
+    (x_scale, x_zp), (h_scale, h_zp) = x_q, h_q
+    n_cell = w_x[3].shape[0]
     gate_scale = np.float32(2.0 ** -12)     # Q3.12 gate pre-activations (no layer norm)
 
     # Effective scales in float32, in the order TFLite multiplies them.
@@ -242,100 +143,212 @@ def unidirectional_sequence_lstm(ctx: OpContext):
     # Zero points and biases folded per row: bias - zp * rowsum(W).
     bx = {g: bias[g] - x_zp * w_x[g].sum(axis=1) for g in gates}
     bh = {g: -h_zp * w_h[g].sum(axis=1) for g in gates}
+    return _GateStack(
+        count=len(gates),
+        wx=np.concatenate([w_x[g] for g in gates]).T.astype(np.float64),
+        wh=np.concatenate([w_h[g] for g in gates]).T.astype(np.float64),
+        bx=np.concatenate([bx[g] for g in gates]),
+        bh=np.concatenate([bh[g] for g in gates]),
+        mx_m=np.repeat([mx[g][0] for g in gates], n_cell),
+        mx_s=np.repeat([mx[g][1] for g in gates], n_cell),
+        mh_m=np.repeat([mh[g][0] for g in gates], n_cell),
+        mh_s=np.repeat([mh[g][1] for g in gates], n_cell))
 
-    # Stack the gates so one matrix product serves all of them.
-    wx_all = np.concatenate([w_x[g] for g in gates]).T.astype(np.float64)
-    wh_all = np.concatenate([w_h[g] for g in gates]).T.astype(np.float64)
-    bx_all = np.concatenate([bx[g] for g in gates])
-    bh_all = np.concatenate([bh[g] for g in gates])
-    mx_m = np.repeat([mx[g][0] for g in gates], n_cell)
-    mx_s = np.repeat([mx[g][1] for g in gates], n_cell)
-    mh_m = np.repeat([mh[g][0] for g in gates], n_cell)
-    mh_s = np.repeat([mh[g][1] for g in gates], n_cell)
 
+def _hidden_multiplier(hidden_scale: float) -> tuple[int, int]:
+    """Requantizes ``o * tanh(c)`` (Q0.15 times Q0.15) to the hidden intermediate."""
     eff_hidden = np.float32(np.float64(2.0 ** -15) / np.float64(hidden_scale) * 2.0 ** -15)
-    hid_m, hid_s = quantize_multiplier(float(eff_hidden))
+    return quantize_multiplier(float(eff_hidden))
 
-    use_projection = ins[_PROJ_W] is not None
-    if use_projection:
-        w_p = ctx.const(_PROJ_W).astype(np.int64)
-        b_p = ctx.const(_PROJ_B)
-        b_p = np.zeros(n_output, np.int64) if b_p is None else b_p.astype(np.int64)
-        # With projection the hidden values are stored as q - zp (LiteRT negates
-        # the zero point for this case), so the fold adds zp * rowsum(W) back.
-        b_p = b_p + hidden_zp * w_p.sum(axis=1)
-        wp_f = w_p.T.astype(np.float64)
-        proj_m, proj_s = _multiplier(np.float32(ctx.scale(ins[_PROJ_W]))
-                                     * np.float32(hidden_scale) / np.float32(h_scale))
-    elif n_output != n_cell:
-        raise ModelError(f"without projection the output size {n_output} must equal the "
-                         f"cell count {n_cell}", where=where)
 
-    hid_zp = -hidden_zp if use_projection else hidden_zp
+@dataclass
+class _Projection:
+    """The projection layer: weights (transposed, as float64), folded bias, multiplier."""
+    weights: np.ndarray
+    bias: np.ndarray
+    multiplier: int
+    shift: int
 
+
+def _projection(ctx: OpContext, ins: list, n_cell: int, n_output: int, hidden_q,
+                h_scale: float) -> _Projection | None:
+    """The projection, or None without one (then the output size must be the cell
+    count); ``hidden_q``: the hidden intermediate's (scale, zero point)."""
+    hidden_scale, hidden_zp = hidden_q
+    if ins[_PROJ_W] is None:
+        if n_output != n_cell:
+            raise ModelError(f"without projection the output size {n_output} must equal the "
+                             f"cell count {n_cell}", where=_WHERE)
+        return None
+    w_p = ctx.const(_PROJ_W).astype(np.int64)
+    b_p = ctx.const(_PROJ_B)
+    b_p = np.zeros(n_output, np.int64) if b_p is None else b_p.astype(np.int64)
+    # With projection the hidden values are stored as q - zp (LiteRT negates
+    # the zero point for this case), so the fold adds zp * rowsum(W) back.
+    b_p = b_p + hidden_zp * w_p.sum(axis=1)
+    wp_f = w_p.T.astype(np.float64)
+    proj_m, proj_s = _multiplier(np.float32(ctx.scale(ins[_PROJ_W]))
+                                 * np.float32(hidden_scale) / np.float32(h_scale))
+    return _Projection(wp_f, b_p, proj_m, proj_s)
+
+
+def _quantized_clips(ctx: OpContext, c_t, out_t) -> tuple[int, int]:
+    """The cell and projection clips in their tensors' quantized units (0: no clip)."""
     cell_clip = np.float32(ctx.params.get("cell_clip", 0.0) or 0.0)
     proj_clip = np.float32(ctx.params.get("proj_clip", 0.0) or 0.0)
     q_cell_clip = (int(np.clip(cell_clip / np.float32(ctx.scale(c_t)), -32768.0, 32767.0))
                    if cell_clip > 0 else 0)
     q_proj_clip = (int(np.clip(proj_clip / np.float32(ctx.scale(out_t)), -128.0, 127.0))
                    if proj_clip > 0 else 0)
+    return q_cell_clip, q_proj_clip
 
+
+def _activation_tables(cell_scale: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lookup tables: the gates' sigmoid and tanh (Q3.12 in) and the cell state's tanh."""
     sigmoid = sigmoid_q3_12()
     tanh_gate = tanh_int16(3)
     if not 0 <= 15 + cell_scale <= 6:
         raise ModelError(f"cell state scale 2^{cell_scale} is outside what the integer LSTM "
-                         f"supports (2^-15 .. 2^-9)", where=where)
-    tanh_cell = tanh_int16(15 + cell_scale)
-    cell_shift = 30 + cell_scale
-    out_dtype = ctx.dtype(out_t)
-    n_gates = len(gates)
+                         f"supports (2^-15 .. 2^-9)", where=_WHERE)
+    return sigmoid, tanh_gate, tanh_int16(15 + cell_scale)
+
+
+@dataclass
+class _Prepared:
+    """Everything a run needs, worked out once when the operator is loaded."""
+    time_major: bool
+    use_cifg: bool
+    n_input: int
+    n_cell: int
+    n_output: int
+    gates: _GateStack
+    projection: _Projection | None
+    hid_m: int                # o * tanh(c) to the hidden intermediate: multiplier, shift
+    hid_s: int
+    hid_zp: int               # and zero point (negated with a projection)
+    h_zp: int                 # the output state's zero point
+    q_cell_clip: int          # 0: no clip
+    q_proj_clip: int
+    sigmoid: np.ndarray
+    tanh_gate: np.ndarray
+    tanh_cell: np.ndarray
+    cell_shift: int
+    out_dtype: np.dtype
+    out_t: SegmentTensor
+
+
+@register("UNIDIRECTIONAL_SEQUENCE_LSTM")
+def unidirectional_sequence_lstm(ctx: OpContext):
+    ins = list(ctx.inputs) + [None] * (24 - len(ctx.inputs))
+    x_t, out_t = ins[_X], ctx.outputs[0]
+    h_t, c_t = ins[_H_STATE], ins[_C_STATE]
+    _check_variant(ctx, ins)
+    time_major = bool(ctx.params.get("time_major", False))
+
+    use_cifg = ins[_W_X[0]] is None
+    gates = (1, 2, 3) if use_cifg else (0, 1, 2, 3)
+    weights = _gate_weights(ctx, gates)
+    n_cell, n_input = weights[0][3].shape
+    n_output = weights[1][3].shape[1]
+
+    x_q = ctx.scale(x_t), ctx.zero_point(x_t)
+    h_scale, h_zp = ctx.scale(h_t), ctx.zero_point(h_t)
+    cell_scale = _cell_scale_log2(ctx, c_t)
+    hidden = ctx.intermediates[4]
+    hidden_scale, hidden_zp = ctx.scale(hidden), ctx.zero_point(hidden)
+    stack = _stack_gates(ctx, ins, gates, weights, x_q, (h_scale, h_zp))
+    hid_m, hid_s = _hidden_multiplier(hidden_scale)
+    projection = _projection(ctx, ins, n_cell, n_output, (hidden_scale, hidden_zp), h_scale)
+    q_cell_clip, q_proj_clip = _quantized_clips(ctx, c_t, out_t)
+    sigmoid, tanh_gate, tanh_cell = _activation_tables(cell_scale)
+    p = _Prepared(
+        time_major=time_major, use_cifg=use_cifg, n_input=n_input, n_cell=n_cell,
+        n_output=n_output, gates=stack, projection=projection, hid_m=hid_m, hid_s=hid_s,
+        hid_zp=-hidden_zp if projection is not None else hidden_zp, h_zp=h_zp,
+        q_cell_clip=q_cell_clip, q_proj_clip=q_proj_clip, sigmoid=sigmoid,
+        tanh_gate=tanh_gate, tanh_cell=tanh_cell, cell_shift=30 + cell_scale,
+        out_dtype=ctx.dtype(out_t), out_t=out_t)
 
     def run(inputs):
-        x = np.asarray(inputs[_X])
-        h_state, c_state = inputs[_H_STATE], inputs[_C_STATE]
-        xs = x if time_major else x.transpose(1, 0, 2)          # (T, B, n_input)
-        steps, batch = xs.shape[0], xs.shape[1]
-        # The input contribution does not depend on the state: all steps at once.
-        # Sums of int8 products are exact in float64 (K * 2^14 << 2^53).
-        acc = (xs.reshape(-1, n_input).astype(np.float64) @ wx_all).astype(np.int64) + bx_all
-        gx = _clip(multiply_by_quantized_multiplier(acc, mx_m, mx_s), _I16_MIN, _I16_MAX)
-        gx = gx.reshape(steps, batch, n_gates * n_cell)
-
-        h = h_state.reshape(batch, n_output).astype(np.int64)
-        c = c_state.reshape(batch, n_cell).astype(np.int64)
-        out = np.empty((steps, batch, n_output), np.int64)
-        for t in range(steps):
-            acc = (h.astype(np.float64) @ wh_all).astype(np.int64) + bh_all
-            g = _clip(gx[t] + multiply_by_quantized_multiplier(acc, mh_m, mh_s),
-                        _I16_MIN, _I16_MAX).reshape(batch, n_gates, n_cell)
-            k = 0
-            if not use_cifg:
-                i_gate = sigmoid[g[:, 0] + 32768].astype(np.int64)
-                k = 1
-            f_gate = sigmoid[g[:, k] + 32768].astype(np.int64)
-            c_gate = tanh_gate[g[:, k + 1] + 32768].astype(np.int64)
-            o_gate = sigmoid[g[:, k + 2] + 32768].astype(np.int64)
-            if use_cifg:
-                i_gate = _I16_MAX - f_gate
-            c = _w16(_rdbypot(f_gate * c, 15))
-            c = _clip(c + _w16(_rdbypot32(i_gate * c_gate, cell_shift)), _I16_MIN, _I16_MAX)
-            if q_cell_clip > 0:
-                c = _clip(c, -q_cell_clip, q_cell_clip)
-            hid = o_gate * tanh_cell[c + 32768]
-            hid = _clip(multiply_by_quantized_multiplier(hid, hid_m, hid_s) + hid_zp,
-                          -128, 127)
-            if use_projection:
-                acc = (hid.astype(np.float64) @ wp_f).astype(np.int64) + b_p
-                h = _clip(multiply_by_quantized_multiplier(acc, proj_m, proj_s) + h_zp,
-                            -128, 127)
-                if q_proj_clip > 0:
-                    h = _clip(h, -q_proj_clip, q_proj_clip)
-            else:
-                h = hid
-            out[t] = h
-        h_state[...] = h.reshape(h_state.shape)
-        c_state[...] = c.reshape(c_state.shape)
-        result = out if time_major else out.transpose(1, 0, 2)
-        return [np.ascontiguousarray(result, dtype=out_dtype).reshape(out_t.shape)]
+        return _run_sequence(p, inputs)
 
     return run
+
+
+# -- run time ------------------------------------------------------------------------------
+
+def _run_sequence(p: _Prepared, inputs):
+    """Every time step; the state tensors are overwritten in place with the final states."""
+    x = np.asarray(inputs[_X])
+    h_state, c_state = inputs[_H_STATE], inputs[_C_STATE]
+    xs = x if p.time_major else x.transpose(1, 0, 2)          # (T, B, n_input)
+    steps, batch = xs.shape[0], xs.shape[1]
+    gx = _input_gates(p, xs).reshape(steps, batch, p.gates.count * p.n_cell)
+
+    h = h_state.reshape(batch, p.n_output).astype(np.int64)
+    c = c_state.reshape(batch, p.n_cell).astype(np.int64)
+    out = np.empty((steps, batch, p.n_output), np.int64)
+    for t in range(steps):
+        h, c = _step(p, gx[t], h, c, batch)
+        out[t] = h
+    h_state[...] = h.reshape(h_state.shape)
+    c_state[...] = c.reshape(c_state.shape)
+    result = out if p.time_major else out.transpose(1, 0, 2)
+    return [np.ascontiguousarray(result, dtype=p.out_dtype).reshape(p.out_t.shape)]
+
+
+def _input_gates(p: _Prepared, xs):
+    """The input's contribution to every gate: it does not depend on the state, so
+    all steps at once.  Sums of int8 products are exact in float64 (K * 2^14 << 2^53)."""
+    s = p.gates
+    acc = (xs.reshape(-1, p.n_input).astype(np.float64) @ s.wx).astype(np.int64) + s.bx
+    return _clip(multiply_by_quantized_multiplier(acc, s.mx_m, s.mx_s), _I16_MIN, _I16_MAX)
+
+
+def _step(p: _Prepared, gx_t, h, c, batch: int):
+    """One time step: the new output state and cell state from the previous ones."""
+    s = p.gates
+    acc = (h.astype(np.float64) @ s.wh).astype(np.int64) + s.bh
+    g = _clip(gx_t + multiply_by_quantized_multiplier(acc, s.mh_m, s.mh_s),
+              _I16_MIN, _I16_MAX).reshape(batch, s.count, p.n_cell)
+    i_gate, f_gate, c_gate, o_gate = _activate_gates(p, g)
+    c = _update_cell(p, c, i_gate, f_gate, c_gate)
+    hid = o_gate * p.tanh_cell[c + 32768]
+    hid = _clip(multiply_by_quantized_multiplier(hid, p.hid_m, p.hid_s) + p.hid_zp,
+                -128, 127)
+    h = hid if p.projection is None else _project(p, hid)
+    return h, c
+
+
+def _activate_gates(p: _Prepared, g):
+    """The input, forget, cell and output gates (with CIFG the input gate is 1 - forget)."""
+    k = 0
+    if not p.use_cifg:
+        i_gate = p.sigmoid[g[:, 0] + 32768].astype(np.int64)
+        k = 1
+    f_gate = p.sigmoid[g[:, k] + 32768].astype(np.int64)
+    c_gate = p.tanh_gate[g[:, k + 1] + 32768].astype(np.int64)
+    o_gate = p.sigmoid[g[:, k + 2] + 32768].astype(np.int64)
+    if p.use_cifg:
+        i_gate = _I16_MAX - f_gate
+    return i_gate, f_gate, c_gate, o_gate
+
+
+def _update_cell(p: _Prepared, c, i_gate, f_gate, c_gate):
+    """The new cell state: forget * c + input * cell gate, saturated, then clipped."""
+    c = _w16(_rdbypot(f_gate * c, 15))
+    c = _clip(c + _w16(_rdbypot32(i_gate * c_gate, p.cell_shift)), _I16_MIN, _I16_MAX)
+    if p.q_cell_clip > 0:
+        c = _clip(c, -p.q_cell_clip, p.q_cell_clip)
+    return c
+
+
+def _project(p: _Prepared, hid):
+    """The projection of the hidden values to the output state, then its clip."""
+    pr = p.projection
+    acc = (hid.astype(np.float64) @ pr.weights).astype(np.int64) + pr.bias
+    h = _clip(multiply_by_quantized_multiplier(acc, pr.multiplier, pr.shift) + p.h_zp,
+              -128, 127)
+    if p.q_proj_clip > 0:
+        h = _clip(h, -p.q_proj_clip, p.q_proj_clip)
+    return h
