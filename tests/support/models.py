@@ -28,3 +28,22 @@ def conv_chain(segments: int = 2, hw: int = 64, c: int = 32, seed: int = 0):
         x = y
     b.output(x)
     return b.build()
+
+
+def conv_relu(channels: int = 4, seed: int | None = None, name: str | None = None):
+    """An int8 3x3 CONV_2D (6x6x3 -> 6x6xchannels) and a RELU of it, both outputs: the
+    small model the USB tests send to simulated sticks as a native segment.  ``seed``
+    (default ``channels``) picks the weights."""
+    rng = np.random.default_rng(channels if seed is None else seed)
+    b = ModelBuilder() if name is None else ModelBuilder(name=name)
+    x = b.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
+    w = b.constant("w", rng.integers(-127, 128, (channels, 3, 3, 3), dtype=np.int8),
+                   scale=0.02, zero_point=0)
+    bias = b.constant("b", rng.integers(-500, 500, channels, dtype=np.int32), scale=0.001,
+                      zero_point=0)
+    y = b.tensor("y", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
+    b.op("CONV_2D", [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1)
+    z = b.tensor("z", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
+    b.op("RELU", [y], [z])
+    b.output(y, z)
+    return b.build()

@@ -632,20 +632,8 @@ def _segment_stick(**kw):
 def _conv_relu_segment(channels: int = 4) -> bytes:
     from coralrt.formats.segment import build_segment
     from coralrt.formats.segment_codec import encode
-    from coralrt.model.builder import ModelBuilder
-    rng = np.random.default_rng(channels)
-    b = ModelBuilder()
-    x = b.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
-    w = b.constant("w", rng.integers(-127, 128, (channels, 3, 3, 3), dtype=np.int8),
-                   scale=0.02, zero_point=0)
-    bias = b.constant("b", rng.integers(-500, 500, channels, dtype=np.int32), scale=0.001,
-                      zero_point=0)
-    y = b.tensor("y", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
-    b.op("CONV_2D", [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1)
-    z = b.tensor("z", (1, 6, 6, channels), np.int8, scale=0.1, zero_point=-2)
-    b.op("RELU", [y], [z])
-    b.output(y, z)
-    return encode(build_segment(b.build()))
+    from support.models import conv_relu
+    return encode(build_segment(conv_relu(channels)))
 
 
 def _expected(program: bytes, xs):

@@ -18,7 +18,6 @@ from support.sim import accept_dwn1
 
 from coralrt.formats.segment import build_segment
 from coralrt.formats.segment_codec import HEADER_SIZE, encode
-from coralrt.model.builder import ModelBuilder
 from coralrt.sim.runner import SegmentRunner
 from coralrt.sim.latency import LatencyModel
 from coralrt.sim.stick import Fault, FaultPlan, SimulatedBackend
@@ -101,20 +100,8 @@ def event(dev, timeout=2000):
 
 
 def small_segment():
-    rng = np.random.default_rng(3)
-    b = ModelBuilder(name="small")
-    q = dict(scale=0.05, zero_point=3)
-    x = b.input("x", (1, 6, 6, 3), np.int8, **q)
-    w = b.constant("w", rng.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8),
-                   scale=0.02, zero_point=0)
-    bias = b.constant("b", rng.integers(-500, 500, 4, dtype=np.int32), scale=0.001,
-                      zero_point=0)
-    y = b.tensor("y", (1, 6, 6, 4), np.int8, scale=0.1, zero_point=-2)
-    b.op("CONV_2D", [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1)
-    z = b.tensor("z", (1, 6, 6, 4), np.int8, scale=0.1, zero_point=-2)
-    b.op("RELU", [y], [z])
-    b.output(y, z)
-    return build_segment(b.build())
+    from support.models import conv_relu
+    return build_segment(conv_relu(seed=3, name="small"))
 
 
 def inputs_for(seg, seed=0):

@@ -450,20 +450,8 @@ def test_an_in_transfer_reads_the_stick_once_however_long_it_waits(shim, tmp_pat
 def _segment() -> bytes:
     from coralrt.formats.segment import build_segment
     from coralrt.formats.segment_codec import encode
-    from coralrt.model.builder import ModelBuilder
-    rng = np.random.default_rng(4)
-    mb = ModelBuilder()
-    x = mb.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
-    w = mb.constant("w", rng.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8), scale=0.02,
-                    zero_point=0)
-    bias = mb.constant("b", rng.integers(-500, 500, 4, dtype=np.int32), scale=0.001,
-                       zero_point=0)
-    y = mb.tensor("y", (1, 6, 6, 4), np.int8, scale=0.1, zero_point=-2)
-    mb.op("CONV_2D", [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1)
-    z = mb.tensor("z", (1, 6, 6, 4), np.int8, scale=0.1, zero_point=-2)
-    mb.op("RELU", [y], [z])
-    mb.output(y, z)
-    return encode(build_segment(mb.build()))
+    from support.models import conv_relu
+    return encode(build_segment(conv_relu()))
 
 
 def _steps(transcript) -> list[tuple]:
