@@ -114,8 +114,8 @@ def compare_with_trace(transfers: list[Transfer], trace) -> dict:
     outfeed chunk length may be the USB 2 value on a USB 2 link); the only other
     writes allowed are those of libedgetpu's EnableReset (``explained_writes``).
     Returns ``writes_as_in_trace`` (bool), ``write_differences`` (list of strings),
-    ``explained_writes`` (how many EnableReset writes the trace does not have) and
-    ``reads`` (how many register reads the open made).  The trace's read values are
+    ``explained_writes`` (how many EnableReset writes the trace does not have).  The
+    trace's read values are
     not compared: they are not what its stick answered (coralrt.selftest.open_trace).
     """
     writes = [t for t in transfers if t.request_type == _VENDOR_OUT]
@@ -140,5 +140,4 @@ def compare_with_trace(transfers: list[Transfer], trace) -> dict:
         diffs.append(f"{len(want) - i} of the trace's writes were not made (from step "
                      f"{want[i].step}, {want[i].register:#x})")
     return {"writes_as_in_trace": not diffs, "write_differences": diffs,
-            "explained_writes": extra,
-            "reads": sum(1 for t in transfers if t.request_type == _VENDOR_IN)}
+            "explained_writes": extra}

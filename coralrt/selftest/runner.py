@@ -293,7 +293,7 @@ def _report_bring_up(report: Report, dev: UsbEdgeTpu, attempt: _OpenAttempt, tra
     libedgetpu's recorded open ``trace``."""
     vendor, t_chip, t1 = attempt.vendor, attempt.t_chip, attempt.t1
     cmp = compare_with_trace(vendor, trace)
-    writes = sum(1 for t in vendor if t.request_type == 0x40)
+    writes = sum(1 for t in vendor if t.request_type == C.REQ_TYPE_WRITE)
     m = {"seconds": round(t1 - t_chip, 4), "register_writes": writes,
          "writes_as_in_trace": cmp["writes_as_in_trace"],
          "write_differences": cmp["write_differences"],
@@ -318,7 +318,7 @@ def _readback(vendor) -> dict:
     first: dict[int, int] = {}
     written: set[int] = set()
     for t in vendor:
-        if t.request_type == 0x40:
+        if t.request_type == C.REQ_TYPE_WRITE:
             written.add(t.register)
         elif t.register not in written:
             first.setdefault(t.register, t.number)

@@ -169,8 +169,7 @@ def _rmw(t: Transport, register: int, *fields: tuple[tuple[int, int], int]) -> i
 
 def _poll_field(t: Transport, register: int, f: tuple[int, int], expected: int,
                 what: str, timeout: float | None = None) -> int:
-    mask = ((1 << f[1]) - 1) << f[0]
-    return poll(t, register, mask, expected << f[0], what=what, timeout=timeout)
+    return poll(t, register, C.field_mask(f), expected << f[0], what=what, timeout=timeout)
 
 
 def enable_reset(t: Transport, *, timeout: float | None = None) -> None:

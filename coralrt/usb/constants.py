@@ -179,9 +179,14 @@ def field(value: int, f: tuple[int, int]) -> int:
     return (value >> f[0]) & ((1 << f[1]) - 1)
 
 
+def field_mask(f: tuple[int, int]) -> int:
+    """The bits of field ``f`` = (shift, width), in place."""
+    return ((1 << f[1]) - 1) << f[0]
+
+
 def with_field(value: int, f: tuple[int, int], bits: int) -> int:
     """``value`` with its bits ``f`` replaced by ``bits``."""
-    mask = ((1 << f[1]) - 1) << f[0]
+    mask = field_mask(f)
     return (value & ~mask) | ((bits << f[0]) & mask)
 
 SCALAR_RUN_CONTROLS = (SCALAR_CORE_RUN_CONTROL, AV_DATA_POP_RUN_CONTROL,

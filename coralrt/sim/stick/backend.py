@@ -152,14 +152,8 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         executable's DMA hints cannot be followed.  It matters only in test
         mode (``_accept_dwn1_for_tests``).
         """
-        return self._dwn1_catalog().add(package)
+        return self._dwn1_known.add(package)
 
-    def _dwn1_catalog(self) -> Dwn1Catalog:
-        catalog = self.__dict__.get("_dwn1_known")
-        if catalog is None:
-            with self._lock:
-                catalog = self.__dict__.setdefault("_dwn1_known", Dwn1Catalog())
-        return catalog
 
     def __init__(self, *, firmware_loaded: bool = False, n_devices: int = 1, latency=None,
                  usb_speed: str = "usb3", faults: FaultPlan | None = None,
@@ -185,6 +179,7 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         self.timing_only = bool(timing_only)
         self._addresses = itertools.count(4)
         self._lock = threading.Lock()
+        self._dwn1_known = Dwn1Catalog()     # test mode: the DWN1 executables known
         self.devices = [SimulatedStick(self, i, firmware_loaded=firmware_loaded,
                                        usb_speed=usb_speed, latency=latency, kernels=kernels,
                                        time_scale=time_scale,
@@ -234,10 +229,12 @@ class SimulatedBackend(usb.backend.IBackend, BackendExtension):
         return (f"the simulated Edge TPU does not know programs of kind {kind!r} (it knows "
                 f"{', '.join(PROGRAM_KINDS)})")
 
-    def _test_switches(self) -> Switches:
-        """The test-only switches, read by a stick at each bulk stream (bulk.py)."""
-        return Switches(self._accept_dwn1_for_tests, self.record_payloads,
-                        self._dwn1_catalog())
+    def _test_switches(self) -> Switches | None:
+        """The test-only switches, read by a stick at each bulk stream (bulk.py); None
+        when both are off, as outside the test suite."""
+        if not (self._accept_dwn1_for_tests or self.record_payloads):
+            return None
+        return Switches(self._accept_dwn1_for_tests, self.record_payloads, self._dwn1_known)
 
     def _stick(self, device: int) -> SimulatedStick:
         if not 0 <= device < len(self.devices):

@@ -30,7 +30,9 @@ google-coral/libedgetpu's driver reads and writes them, not a replay of a trace:
   ordering with previous write".
 * **interrupt status** registers (fatal_err_int_status, the top-level ones) clear
   the bits written as 0 (libedgetpu's ``ClearInterruptStatus`` writes all ones
-  but the bit to clear); ``gcbb_credit0`` is a pulse that clears the bulk credits.
+  but the bit to clear).  ``gcbb_credit0`` (libedgetpu pulses 0xF then 0 to clear
+  the bulk credits) is stored as written: no public source says what the credits
+  gate, so nothing here depends on them.
 
 Not thread-safe by itself: the stick holds its lock around it.
 """
@@ -79,7 +81,6 @@ class ChipRegisters:
         self.state = "power-on"          # "power-on" | "sleep" | "run"
         self._status = _STATUS_POWER_ON
         self._pending: dict[int, tuple[int, int]] = {}   # register -> (reads left, value)
-        self.credit_pulses = 0
 
     @property
     def gcb_in_reset(self) -> bool:
@@ -97,16 +98,12 @@ class ChipRegisters:
             else:
                 del self._pending[register]
                 self._commit(register, value)
-        if register == C.SCU_CTRL_3:
-            return self._scu_ctrl_3()
-        if is_gcb(register) and self.gcb_in_reset:
-            return 0
-        return self.values.get(register, 0)
+        return self.peek(register)
 
     def write(self, register: int, value: int) -> str | None:
         """Store a host write; the reason when the chip drops it, else None."""
         if register == C.SCU_CTRL_3:
-            self.values[register] = value & ~_mask(C.SCU3_STATUS_BITS)
+            self.values[register] = value & ~C.field_mask(C.SCU3_STATUS_BITS)
             asleep = C.field(value, C.SCU3_FORCE_SLEEP) == C.FORCE_SLEEP_ON
             self._pending[register] = (SETTLE_READS, "sleep" if asleep else "run")
             return None
@@ -117,8 +114,6 @@ class ChipRegisters:
         elif register in _LAGGING:
             self._pending[register] = (SETTLE_READS, value)
         else:
-            if register == C.GCBB_CREDIT0 and value == 0 and self.values.get(register) == 0xF:
-                self.credit_pulses += 1
             self.values[register] = value
         return None
 
@@ -161,7 +156,3 @@ class ChipRegisters:
         for register in [r for r in self._pending if is_gcb(r)]:
             del self._pending[register]
         self.on_gcb_reset()
-
-
-def _mask(f: tuple[int, int]) -> int:
-    return ((1 << f[1]) - 1) << f[0]

@@ -109,9 +109,7 @@ def _register(stick, rtype, request, value, index, mv) -> bytes:
         stick._record("read", register=register, value=word, length=width)
         return word.to_bytes(width, "little")
     word = int.from_bytes(mv, "little")
-    dropped = stick.registers.write(register, word)
-    if dropped:
-        stick._record("write", register=register, value=word, length=width, dropped=dropped)
-    else:
-        stick._record("write", register=register, value=word, length=width)
+    dropped = stick.registers.write(register, word)      # why the chip ignored it, or None
+    stick._record("write", register=register, value=word, length=width,
+                  **({"dropped": dropped} if dropped else {}))
     return b""

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from coralrt.sim.stick.usb_errors import usb_error
 
 __all__ = ["FAULT_KINDS", "NOT_READY_ERRORS", "Fault", "FaultPlan", "misbehave",
-           "start_not_ready", "fire_due"]
+           "start_not_ready", "fire_due", "due_now"]
 
 FAULT_KINDS = ("timeout", "stall", "disconnect", "fatal", "slow_reenumeration", "not_ready",
                "wedge")
@@ -84,6 +84,15 @@ class FaultPlan:
             seconds: float = 0.0, error: str = "io") -> FaultPlan:
         self.faults.append(Fault(kind, after, device, seconds, error))
         return self
+
+
+# Faults that fire on an event (a re-enumeration, coming up), not on a transfer count.
+_NOT_COUNTED = ("slow_reenumeration", "not_ready")
+
+
+def due_now(stick) -> bool:
+    """Whether a counted fault fires on the stick's next transfer."""
+    return any(f.after == 0 and f.kind not in _NOT_COUNTED for f in stick.faults)
 
 
 def misbehave(stick, timeout_ms, generation: int) -> None:
@@ -123,7 +132,7 @@ def fire_due(stick, timeout_ms, generation: int, dfu_request: bool = False) -> N
     misbehave(stick, timeout_ms, generation)
     due = None
     for f in stick.faults:
-        if f.kind in ("slow_reenumeration", "not_ready"):
+        if f.kind in _NOT_COUNTED:
             continue
         if f.after == 0 and due is None:
             due = f

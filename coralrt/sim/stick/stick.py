@@ -360,8 +360,7 @@ class SimulatedStick:
                 return True
             if self.not_ready_until and time.monotonic() < self.not_ready_until:
                 return True
-            if any(f.after == 0 and f.kind not in ("slow_reenumeration", "not_ready")
-                   for f in self.faults):
+            if faults.due_now(self):
                 return True
             ready = self.engine.event_ready() if ep == EP_EVENT else self.engine.output_ready()
             return True if ready else None
