@@ -57,7 +57,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.selftest",),                                     # 14b: `coralrt selftest`'s checks
     ("coralrt",),                                              # 15: the facade
     ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 16: tflite: tflite_runtime's API;
-     "coralrt.server"),                                        #     server: the compile service
+     "coralrt.server", "coralrt.testing"),                     #     server: the compile service;
+                                                               #     testing: builders, simulated sticks
     ("coralrt.pycoral",),                                      # 17: pycoral's API over coralrt.tflite
     ("coralrt.compat",),                                       # top: maps tflite_runtime, pycoral
 ]
