@@ -17,11 +17,11 @@ import importlib
 from coralrt.errors import CoralRTError
 from coralrt.model import Model, load_model
 from coralrt.plugins.hookspecs import hookimpl
-from coralrt.session import TARGETS, InferenceSession
+from coralrt.session import TARGETS, InferenceSession, SessionOptions
 from coralrt.tensors import TensorInfo, dequantize, quantize
 
 __all__ = [
-    "InferenceSession", "TARGETS", "TensorInfo", "Model", "load_model", "quantize",
+    "InferenceSession", "SessionOptions", "TARGETS", "TensorInfo", "Model", "load_model", "quantize",
     "dequantize", "CoralRTError", "hookimpl", "open_device", "list_devices",
     "EdgeTpuDevice", "CompileCache", "__version__",
 ]

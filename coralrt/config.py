@@ -103,6 +103,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from coralrt.errors import ConfigError
@@ -114,7 +115,8 @@ __all__ = [
     "EDGETPU_COMPILER_TIMEOUT", "DEFAULT_EDGETPU_COMPILER_TIMEOUT", "edgetpu_compiler",
     "edgetpu_compiler_timeout",
     "RUNTIME_DIR", "runtime_dir", "temp_runtime_dir", "firmware_dir",
-    "TARGET", "COMPAT_TARGETS", "compat_target",
+    "TARGET", "TARGETS", "COMPAT_TARGETS", "TargetNames", "compat_target",
+    "CORAL", "SIM", "KIND_ALIASES", "device_kind",
     "COMPILER_URL", "COMPILER_TOKEN", "COMPILER_TOKEN_FILE", "COMPILER_CA",
     "COMPILER_URL_TIMEOUT", "DEFAULT_COMPILER_URL_TIMEOUT", "compiler_url",
     "compiler_token", "compiler_ca", "compiler_url_timeout",
@@ -135,8 +137,44 @@ COMPILER_TOKEN_FILE = "CORALRT_COMPILER_TOKEN_FILE"
 COMPILER_CA = "CORALRT_COMPILER_CA"
 COMPILER_URL_TIMEOUT = "CORALRT_COMPILER_URL_TIMEOUT"
 
-#: What ``CORALRT_TARGET`` accepts (the session's targets).
-COMPAT_TARGETS = ("cpu", "sim", "coral", "auto")
+
+
+class TargetNames(Sequence):
+    """The session's target names, in order: a read-only, live view of the
+    target registry (:mod:`coralrt.targets`, which fills it; this layer is
+    below it).  Compares equal to the tuple of the same names."""
+
+    def __init__(self) -> None:
+        self._names: tuple[str, ...] = ()
+
+    def __getitem__(self, index):
+        return self._names[index]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (tuple, list, TargetNames)) and self._names == tuple(other)
+
+    __hash__ = None  # live: its value changes when a target is registered
+
+    def __repr__(self) -> str:
+        return repr(self._names)
+
+
+#: The session's targets; also what ``CORALRT_TARGET`` accepts (``COMPAT_TARGETS``).
+TARGETS = COMPAT_TARGETS = TargetNames()
+
+#: The Edge TPU device kinds (device registry, compilers' ``runs_on``): a Coral
+#: USB Accelerator, and the simulated stick.
+CORAL, SIM = "coral", "sim"
+#: Former device-kind words still accepted from plugins, and the kind each names now.
+KIND_ALIASES = {"usb": CORAL}
+
+
+def device_kind(kind: str) -> str:
+    """``kind`` with a former word replaced by today's (``"usb"`` -> ``"coral"``)."""
+    return KIND_ALIASES.get(kind, kind)
 
 DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
 # The service's default compile limit (180 s) plus time to upload and answer.

@@ -15,22 +15,24 @@ from concurrent.futures import Future
 import numpy as np
 
 from coralrt.backends import get_backend
-from coralrt import targets
+from coralrt import config, targets
 from coralrt.errors import ConfigError, InputError
 from coralrt.model import Model, load_model
 from coralrt.model.entry import with_entry
 from coralrt.model.types import SignatureDef
 from coralrt.plugins.host import plugin_host
 from coralrt.runtime.feeds import order_feed, pick, unique_names
-from coralrt.runtime.replicate import check_strategy
-from coralrt.runtime.worker import Requests, check_max_pending
+from coralrt.runtime.worker import Requests
+from coralrt.targets import SessionOptions
+from coralrt.targets.options import check_names, with_overrides
 from coralrt.tensors import TensorInfo, check_input, tensor_infos
 
-__all__ = ["InferenceSession", "TARGETS"]
+__all__ = ["InferenceSession", "SessionOptions", "TARGETS"]
 
 log = logging.getLogger("coralrt.session")
 
-TARGETS = ("cpu", "sim", "coral", "auto")
+#: The target names (a live view of :mod:`coralrt.targets`' registry, ``auto`` last).
+TARGETS = config.TARGETS
 
 _NO_FEED = object()   # run(x): coralrt's form; run(names, feed): onnxruntime's
 
@@ -42,49 +44,16 @@ class InferenceSession:
     :param target: ``"cpu"`` (whole model on the CPU backend), ``"sim"``
         (simulated Edge TPU), ``"coral"`` (a Coral USB Accelerator; this version
         runs models compiled by edgetpu_compiler there, and compiles plain ones
-        just in time with edgetpu_compiler or a compile service) or ``"auto"``.
-    :param num_threads: CPU backend threads; ``None`` lets the backend choose.
-    :param backend: CPU backend name (``"litert"``, ``"tflite_runtime"``);
-        ``None`` picks the first installed.
-    :param cpu_kernels: ``"optimized"`` (default) or ``"reference"`` (TFLite's
-        reference kernels, ``BUILTIN_REF``).
-    :param partition_mode: ``"multi"`` (default) or ``"compat"``, for the
-        just-in-time compiler (``sim`` and ``coral`` targets).
-    :param rewrites: graph rewrites applied before partitioning (docs/rewrites.md):
-        ``"exact"`` (those that keep the integer results; the default in
-        ``multi`` mode), ``"auto"`` (approximations too, each reported in
-        ``compile_info["rewrites"]``), ``"none"`` (the default in ``compat``
-        mode: edgetpu_compiler rewrites nothing) or a list of rewrite names.
-        The ``cpu`` target never rewrites.
-    :param cache: a :class:`coralrt.compile.cache.CompileCache`; ``None`` uses
-        the default one (``CORALRT_CACHE_DIR``, ``CORALRT_CACHE=0``).
-    :param device: the stick(s) for the Edge TPU steps: an open
-        :class:`coralrt.runtime.device.EdgeTpuDevice`, a path ("usb:0", ":1",
-        a port path) or a list of those (see ``strategy``); ``None``: a
-        simulated stick for ``sim``, the first stick found for ``coral``.
-    :param strategy: how a list of sticks is used: ``"replicate"`` (the whole
-        program on every stick, each request on one free stick: throughput),
-        ``"pipeline"`` (segment *i* on stick *i mod n*, as stages), or
-        ``None``: replicate when the compiled model has exactly one Edge TPU
-        segment, pipeline otherwise.  Ignored for a single device
-        (docs/multi-stick.md).
-    :param max_pending: requests :meth:`submit` queues before it blocks (or
-        raises :class:`~coralrt.errors.QueueFullError`); default 4.
-    :param plugins: plugin objects to register for this session, in addition
-        to coralrt's built-ins and the installed ``coralrt`` entry points.
-    :param override_builtins: let plugin CPU kernels registered for builtin
-        operators replace the CPU backend's kernels for those operators.
-    :param pipeline_depth: requests queued between pipeline stages when
-        ``device`` is a list of sticks.
-    :param compiler_url: a compile service (``coralrt serve-compiler``) that
-        compiles this model's Edge TPU segments for ``coral``, instead of
-        ``CORALRT_COMPILER_URL`` or a local edgetpu_compiler
-        (docs/compile-service.md).
-    :param driver: how ``coral`` reaches the stick: ``"coralrt"`` (the default,
-        coralrt's pyusb driver) or ``"libedgetpu"`` (Google's library as a LiteRT
-        delegate, probed in a child process first; one stick; docs/libedgetpu.md);
-        ``None``: ``CORALRT_DRIVER``, else ``"coralrt"``.  ``"libedgetpu"`` on
-        ``cpu``/``sim`` is a ConfigError (``CORALRT_DRIVER`` is not applied there).
+        just in time with edgetpu_compiler or a compile service), ``"auto"``,
+        or a target registered with :func:`coralrt.targets.register`.
+    :param options: a :class:`~coralrt.SessionOptions` (None: the defaults);
+        see it for what each option means.
+    :param overrides: options by name (``num_threads=2``, ``device="usb:1"``
+        ...), replacing those of ``options``; any other name is a TypeError.
+
+    :attr:`options` holds the options the session runs with (``driver``
+    resolved on ``coral``, None elsewhere); a signature's own session is
+    created with them.
 
     ``compile_info`` is None on the CPU target; otherwise a dict with at least
     ``cache_hit``, ``compile_seconds`` and ``key``.
@@ -101,43 +70,29 @@ class InferenceSession:
     stick is reset before the next one (see :meth:`reset` and docs/usb.md).
     """
 
-    def __init__(self, model, target: str = "cpu", *, num_threads: int | None = None,
-                 backend: str | None = None, cpu_kernels: str = "optimized",
-                 partition_mode: str = "multi", cache=None, device=None, plugins=None,
-                 override_builtins: bool = False, pipeline_depth: int = 2,
-                 compiler_url: str | None = None, strategy: str | None = None,
-                 max_pending: int = 4, driver: str | None = None, rewrites=None):
+    def __init__(self, model, target: str = "cpu", options: SessionOptions | None = None,
+                 **overrides):
+        check_names(overrides)    # a misspelt keyword fails first, as it always did
         if target not in TARGETS:
             raise ConfigError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-        check_strategy(strategy)
-        check_max_pending(max_pending)
-        driver = targets.resolve_driver(driver, target)
-        self._backend = get_backend(backend)
+        options = with_overrides(options, overrides)
+        driver = targets.resolve_driver(options.driver, target)
+        self._backend = get_backend(options.backend)
+        self._host = plugin_host(tuple(options.plugins or ()))
+        loading = targets.Loading(dataclasses.replace(options, driver=driver),
+                                  self._backend, self._host)
+        targets.chosen_rewrites(loading)     # a misspelt name fails on every target
+        parsed = None
+        if target == targets.AUTO:
+            target, parsed = targets.choose_auto(model, loading)
+        self.target = target
+        device = options.device
         # What a signature's own session (another subgraph) is created with.
-        self._settings = dict(num_threads=num_threads, backend=backend,
-                              cpu_kernels=cpu_kernels, partition_mode=partition_mode,
-                              cache=cache, plugins=plugins,
-                              override_builtins=override_builtins,
-                              pipeline_depth=pipeline_depth, compiler_url=compiler_url,
-                              strategy=strategy, max_pending=max_pending, driver=driver,
-                              rewrites=rewrites)
+        self.options = dataclasses.replace(
+            options, driver=driver if targets.registry.reaches_stick(target) else None)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
-        self._host = plugin_host(tuple(plugins or ()))
-        self._override = override_builtins
-        options = targets.Options(
-            backend=self._backend, host=self._host, num_threads=num_threads,
-            cpu_kernels=cpu_kernels, partition_mode=partition_mode, cache=cache,
-            device=device, override_builtins=override_builtins, pipeline_depth=pipeline_depth,
-            compiler_url=compiler_url, strategy=strategy, max_pending=max_pending,
-            driver=driver, rewrites=rewrites)
-        targets.chosen_rewrites(options)     # a misspelt name fails on every target
-        parsed = None
-        if target == "auto":
-            target, parsed = targets.choose_auto(model, options)
-        self.target = target
-        self._settings["driver"] = driver if target == "coral" else None  # auto: maybe cpu
-        prepared = targets.prepare(target, model, options, parsed)
+        prepared = targets.prepare(target, model, loading, parsed)
         self.model, self._program = prepared.model, prepared.program
         self.compile_info = prepared.compile_info
         # The model as given (tensor indices of signatures and coralrt.tflite).
@@ -154,11 +109,10 @@ class InferenceSession:
         self._input_names = [t.name for t in self._inputs]
         self._output_names = unique_names([t.name for t in self._outputs])
         self._input_pos = {n: i for i, n in enumerate(self._input_names)}
-        self._output_pos = {n: i for i, n in enumerate(self._output_names)}
         self._requests = Requests(self._program, self._output_names, owner=self,
                                   dynamic=any(-1 in t.shape_signature for t in self._inputs),
                                   shapes=[t.shape for t in self._inputs],
-                                  max_pending=max_pending)
+                                  max_pending=options.max_pending)
         log.debug("session ready on %s: %d inputs, %d outputs, backend %s", target,
                   len(self._inputs), len(self._outputs), self._backend.name)
 
@@ -301,7 +255,7 @@ class InferenceSession:
             device = (self.devices if self._pipelined else self.device) if self.devices \
                 else None
             session = InferenceSession(with_entry(self.source_model, sig.subgraph_index),
-                                       target=self.target, device=device, **self._settings)
+                                       self.target, self.options, device=device)
             self._signature_sessions[key] = session
         return session, dataclasses.replace(sig, subgraph_index=0)
 
@@ -316,23 +270,10 @@ class InferenceSession:
             raise InputError(f"signature {key!r}: {bad} are not inputs or outputs of its "
                              f"subgraph; coralrt runs a signature through them only")
         names = list(sig.inputs)
-        if isinstance(inputs, Mapping):
-            unknown = [k for k in inputs if k not in sig.inputs]
-            missing = [k for k in names if k not in inputs]
-            if unknown or missing:
-                raise InputError(f"inputs do not match signature {key!r}: missing {missing}, "
-                                 f"unknown {unknown}; its inputs are {names}")
-            values = [inputs[k] for k in names]
-        elif isinstance(inputs, np.ndarray) and len(names) == 1:
-            values = [inputs]
-        elif isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) \
-                and len(inputs) == len(names):
-            values = list(inputs)
-        else:
-            raise InputError(f"signature {key!r} takes {names}: pass a dict by those names "
-                             f"or a list in that order")
-        feed = {session._input_names[in_pos[sig.inputs[n]]]: v for n, v in zip(names, values)}
-        result = list(session._run(feed, None, None, timeout).values())
+        tensor_names = [t.name for t in session.get_inputs()]
+        feed = {tensor_names[in_pos[sig.inputs[n]]]: v
+                for n, v in zip(names, _signature_values(key, names, inputs))}
+        result = list(session.run(feed, timeout=timeout).values())
         got = {n: result[out_pos[t]] for n, t in sig.outputs.items()}
         return got if outputs is None else pick(got, outputs, list(sig.outputs))
 
@@ -400,3 +341,22 @@ class InferenceSession:
     def __repr__(self) -> str:
         return (f"<InferenceSession target={self.target!r} backend={self.backend!r} "
                 f"inputs={self._input_names} outputs={self._output_names}>")
+
+
+def _signature_values(key: str, names: list[str], inputs) -> list:
+    """The values of signature ``key``'s inputs ``names``, in that order, from
+    a dict by those names, a list in that order, or one array for one input."""
+    if isinstance(inputs, Mapping):
+        unknown = [k for k in inputs if k not in names]
+        missing = [k for k in names if k not in inputs]
+        if unknown or missing:
+            raise InputError(f"inputs do not match signature {key!r}: missing {missing}, "
+                             f"unknown {unknown}; its inputs are {names}")
+        return [inputs[k] for k in names]
+    if isinstance(inputs, np.ndarray) and len(names) == 1:
+        return [inputs]
+    if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) \
+            and len(inputs) == len(names):
+        return list(inputs)
+    raise InputError(f"signature {key!r} takes {names}: pass a dict by those names "
+                     f"or a list in that order")

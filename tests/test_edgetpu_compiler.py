@@ -136,7 +136,7 @@ def test_version_parsing(compiler):
     assert parse_version("Edge TPU Compiler version 2.1.302470888") == "2.1.302470888"
     assert parse_version("edgetpu_compiler: command not found") is None
     assert compiler.version == VERSION
-    assert compiler.id == "edgetpu_compiler" and compiler.runs_on == ("usb",)
+    assert compiler.id == "edgetpu_compiler" and compiler.runs_on == ("coral",)
     assert compiler.op_name == "edgetpu-custom-op"
 
 

@@ -10,6 +10,7 @@ from coralrt.cli._report import device_estimate, estimate_lines
 from coralrt.cli._text import dumps, table
 from coralrt.cli.run_cmd import count_type, latency_summary, make_inputs
 from coralrt.compile.partition import MODES
+from coralrt import targets
 from coralrt.session import InferenceSession
 from coralrt.plugins.host import plugin_host
 from coralrt.sim.latency import USB_RATES
@@ -25,7 +26,7 @@ def add_parser(sub, parents) -> None:
                     "Accelerator for the Edge TPU steps (a model calibrated on Coral's "
                     "published figures, not a measurement).")
     p.add_argument("model", metavar="MODEL", help="path of a .tflite model")
-    p.add_argument("--target", choices=("cpu", "sim"), default="sim")
+    p.add_argument("--target", choices=targets.names(hardware=False), default="sim")
     p.add_argument("--repeat", type=count_type(1), default=20, metavar="N",
                    help="timed runs (default 20)")
     p.add_argument("--warmup", type=count_type(0), default=2, metavar="N",

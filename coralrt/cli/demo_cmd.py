@@ -14,6 +14,7 @@ from pathlib import Path
 from coralrt.cli._text import dumps, shape_str, table
 from coralrt.cli.run_cmd import count_type, timed_runs
 from coralrt.cli.demo_model import build_demo_model, demo_input
+from coralrt import targets
 from coralrt.session import InferenceSession
 
 __all__ = ["add_parser", "command", "placement"]
@@ -31,7 +32,7 @@ def add_parser(sub, parents) -> None:
                    help="timed runs for the latency median (default: 20)")
     p.add_argument("--threads", type=count_type(1), default=None, metavar="N",
                    help="CPU backend threads (default: the backend's choice)")
-    p.add_argument("--target", choices=("sim", "cpu"), default="sim",
+    p.add_argument("--target", choices=targets.names(hardware=False, first="sim"), default="sim",
                    help="sim (default): compile for the Edge TPU and run on the simulated "
                         "Edge TPU; cpu: the whole model in the CPU backend")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -23,7 +23,8 @@ from coralrt.cli._report import device_estimate, estimate_lines
 from coralrt.cli._text import dumps, json_num, num, plural, shape_str, table
 from coralrt.errors import InputError
 from coralrt.vision.detect import postprocess_operator_outputs
-from coralrt.session import TARGETS, InferenceSession
+from coralrt import targets
+from coralrt.session import InferenceSession
 from coralrt.tensors import TensorInfo
 
 __all__ = ["add_parser", "command", "count_type", "make_inputs", "random_input", "output_summary",
@@ -55,7 +56,7 @@ def add_parser(sub, parents) -> None:
                     "--target sim also the estimated Edge TPU time.  With --image, run "
                     "one image through a vision model and print its result.")
     p.add_argument("model", metavar="MODEL", help="path of the .tflite file")
-    p.add_argument("--target", choices=TARGETS, default="cpu",
+    p.add_argument("--target", choices=targets.names(), default="cpu",
                    help="where to run (default: cpu)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--input", action="append", metavar="FILE.npy|random", dest="inputs",

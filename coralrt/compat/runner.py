@@ -15,14 +15,17 @@ import argparse
 import os
 import runpy
 import sys
+import textwrap
 import types
 
 from coralrt.compat.finder import ENV, install
+from coralrt.config import COMPAT_TARGETS
 
 __all__ = ["main", "TARGETS"]
 
-#: What ``CORALRT_TARGET`` and ``--target`` accept (``coralrt.config.COMPAT_TARGETS``).
-TARGETS = ("cpu", "sim", "coral", "auto")
+#: What ``CORALRT_TARGET`` and ``--target`` accept: the session's targets (a live
+#: view of the target registry, :mod:`coralrt.targets`).
+TARGETS = COMPAT_TARGETS
 
 _DESCRIPTION = """\
 Run a Python program written for tflite_runtime and libedgetpu, or for pycoral,
@@ -30,21 +33,23 @@ unchanged on coralrt: its imports of tflite_runtime and pycoral get coralrt's
 modules of the same API. Everything after SCRIPT (or -m MODULE, -c CODE) goes to
 the program as its sys.argv[1:]."""
 
-_EPILOG = """\
-The target is where Edge TPU work goes: the variable CORALRT_TARGET (cpu, sim,
-coral or auto; default auto: a Coral stick when one is present, else the CPU).
-Programs coralrt does not start (multiprocessing children, a container's
-command) get the same mapping when CORALRT_COMPAT=1 is in their environment.
-Guide: docs/porting.md."""
+_EPILOG = ("The target is where Edge TPU work goes: the variable CORALRT_TARGET ({names}; "
+           "default auto: a Coral stick when one is present, else the CPU). Programs "
+           "coralrt does not start (multiprocessing children, a container's command) get "
+           "the same mapping when CORALRT_COMPAT=1 is in their environment. "
+           "Guide: docs/porting.md.")
 
 
 def _parser() -> argparse.ArgumentParser:
+    names = tuple(TARGETS)
     parser = argparse.ArgumentParser(
-        prog="python -m coralrt.compat", description=_DESCRIPTION, epilog=_EPILOG,
+        prog="python -m coralrt.compat", description=_DESCRIPTION,
+        epilog=textwrap.fill(_EPILOG.format(names=f"{', '.join(names[:-1])} or {names[-1]}"),
+                             78),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s [-h] [--target {cpu,sim,coral,auto}] "
+        usage=f"%(prog)s [-h] [--target {{{','.join(names)}}}] "
               "(SCRIPT | -m MODULE | -c CODE) [ARGS ...]")
-    parser.add_argument("--target", choices=TARGETS,
+    parser.add_argument("--target", choices=names,
                         help="set CORALRT_TARGET for the program (default: its current "
                              "value, else auto)")
     what = parser.add_mutually_exclusive_group()

@@ -198,7 +198,7 @@ class EdgeTpuCompiler:
     """
 
     id = COMPILER_ID
-    runs_on = ("usb",)
+    runs_on = ("coral",)
     op_name = EDGETPU_OP
 
     def __init__(self, path: str | os.PathLike | None = None, *, timeout: float | None = None,

@@ -31,6 +31,7 @@ from coralrt.compile.rewrite.base import cache_options, run_rewrites
 from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES
 from coralrt.compile.rules import RULES_VERSION
+from coralrt import config
 from coralrt.errors import ConfigError, ModelError
 from coralrt.formats.crc import crc32_combine
 from coralrt.formats.opnames import SEGMENT_OP
@@ -139,8 +140,9 @@ def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
 
     No compiler is needed: the entry is found by the source model's SHA-256
     and the partition options, whichever compiler (and version) built it, as
-    long as its programs run on ``device_kind`` (``"usb"``: a real stick; a
-    local edgetpu_compiler, an emulated one or a compile service).  This is
+    long as its programs run on ``device_kind`` (``"coral"``, formerly
+    ``"usb"``: a real stick; a local edgetpu_compiler, an emulated one or a
+    compile service).  This is
     how a machine without a compiler, or whose compile service is down, uses
     an entry compiled elsewhere (``coralrt cache import``).  The entry is
     checked as a hit of :func:`jit_compile` is.
@@ -156,8 +158,9 @@ def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
 
     def accept(meta: dict) -> bool:
         kinds = meta.get("device_kinds")
+        # Entries written before the Edge TPU kind was called "coral" say "usb".
         return meta.get("options") == options and isinstance(kinds, list) \
-            and device_kind in kinds
+            and config.device_kind(device_kind) in map(config.device_kind, kinds)
 
     entry = cache.newest(digest, accept)
     if entry is None:

@@ -110,7 +110,7 @@ class RemoteCompiler:
     """
 
     id = COMPILER_ID
-    runs_on = ("usb",)
+    runs_on = ("coral",)
     op_name = EDGETPU_OP
 
     def __init__(self, url: str | None = None, *, token: str | None = None,

@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from coralrt import targets
 from coralrt.errors import ConfigError
 from coralrt.gp import checks, tensorize, tile_models as tm
 from coralrt.gp.scaling import RULES
@@ -60,8 +61,10 @@ class Context:
     def __init__(self, target: str = "sim", devices=None, *, scaling: str = "bound",
                  gemm: str = "auto", m_tile: int = 128, k_tile: int = 128,
                  n_tile: int = 128, max_sessions: int = 64):
-        if target not in ("sim", "coral", "cpu"):
-            raise ConfigError(f"unknown target {target!r}; choose sim, coral or cpu")
+        names = _targets()
+        if target not in names:
+            raise ConfigError(f"unknown target {target!r}; choose {', '.join(names[:-1])} "
+                              f"or {names[-1]}")
         if scaling not in RULES:
             raise ConfigError(f"unknown scaling {scaling!r}; choose bound, study or sample")
         if gemm not in GEMM_FORMS:
@@ -254,6 +257,14 @@ class Context:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _targets() -> list[str]:
+    """The session targets a context runs on (``auto`` is not one): those with
+    an Edge TPU device kind, then those without (the CPU)."""
+    found = targets.registered()
+    return [t.name for t in found if t.device_kind] + [t.name for t in found
+                                                       if not t.device_kind]
 
 
 def _open_devices(target: str, devices):

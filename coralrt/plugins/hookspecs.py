@@ -122,13 +122,14 @@ def coralrt_register_compilers(registry: CompilerRegistration) -> None:
         ``registry.plugin`` is the plugin's name).  Call
         ``registry.add(compiler)`` with an object that has ``id`` (str),
         ``version`` (str), ``runs_on`` (tuple of device kinds, e.g.
-        ``("sim",)`` or ``("usb",)``) and ``compile_segment(piece) -> bytes``
+        ``("sim",)`` or ``("coral",)``; ``"usb"`` is read as ``"coral"``) and
+        ``compile_segment(piece) -> bytes``
         (``piece`` is the segment as a standalone :class:`coralrt.model.Model`).
         The id and version enter the compile cache key; ``version`` may be a
         ``property``, read only when a compile first needs it (the ``remote``
         compiler asks its compile service then, not at registration).  For a device kind,
         a plugin's compiler wins over coralrt's own (``coralrt-native`` for
-        ``sim``, ``edgetpu_compiler`` for ``usb``); two other plugins with the
+        ``sim``, ``edgetpu_compiler`` for ``coral``); two other plugins with the
         same id or a device kind in common raise ``ConfigError``.
     :returns: nothing.
     """

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coralrt import config
 from coralrt.compile.rules import OpSupport, RuleRegistry, default_rules
 from coralrt.errors import ConfigError, InferenceError, PluginError
 from coralrt.runtime.info import OpInfo
@@ -68,6 +70,21 @@ def _prefer(what: str, old, new):
 def _check_name(what: str, value) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{what} must be a non-empty str, not {value!r}")
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _kind(kind: str, who: str) -> str:
+    """The device kind a plugin registers ``kind`` as: a former word
+    (``"usb"``) is taken as today's (``"coral"``) with a DeprecationWarning."""
+    now = config.device_kind(kind)
+    if now != kind and (who, kind) not in _WARNED:   # once per process, not per session
+        _WARNED.add((who, kind))
+        warnings.warn(f"{who}: device kind {kind!r} is now called {now!r}; registered as "
+                      f"{now!r} (write {now!r}: {kind!r} will stop being accepted)",
+                      DeprecationWarning, stacklevel=4)
+    return now
 
 
 def _guarded_factory(op_name: str, factory: Callable, plugin: str) -> Callable:
@@ -264,11 +281,12 @@ class CompilerRegistry:
         if not callable(compiler.compile_segment):
             raise ConfigError(f"compiler {compiler.id!r}: compile_segment is not callable")
         entry = _Compiler(compiler, plugin, plugin == BUILTIN)
+        kinds = [_kind(kind, f"compiler {compiler.id!r}") for kind in compiler.runs_on]
         # Check every conflict before changing anything.
         by_id = _prefer(f"compiler id {compiler.id!r}", self._by_id.get(compiler.id), entry)
         by_kind = {kind: _prefer(f"a compiler for {kind!r} devices", self._by_kind.get(kind),
                                  entry)
-                   for kind in compiler.runs_on}
+                   for kind in kinds}
         self._by_id[compiler.id] = by_id
         self._by_kind.update(by_kind)
 
@@ -279,13 +297,14 @@ class CompilerRegistry:
 
     def for_device(self, kind: str):
         """The compiler whose programs run on ``kind`` devices, or None: a
-        third-party plugin's when one provides it, else coralrt's own."""
-        entry = self._by_kind.get(kind)
+        third-party plugin's when one provides it, else coralrt's own
+        (``"usb"`` is taken as ``"coral"``)."""
+        entry = self._by_kind.get(config.device_kind(kind))
         return entry.compiler if entry is not None else None
 
     def plugin_for(self, kind: str) -> str | None:
         """The name of the plugin whose compiler :meth:`for_device` returns for ``kind``."""
-        entry = self._by_kind.get(kind)
+        entry = self._by_kind.get(config.device_kind(kind))
         return entry.plugin if entry is not None else None
 
     def merge(self, other: CompilerRegistry) -> None:
@@ -329,8 +348,10 @@ class DeviceRegistry:
         return DeviceRegistration(self, plugin)
 
     def add(self, kind: str, factory: Callable, *, plugin: str = UNNAMED) -> None:
-        """Register device kind ``kind`` from ``plugin``."""
+        """Register device kind ``kind`` from ``plugin`` (``"usb"``: ``"coral"``,
+        with a DeprecationWarning)."""
         _check_name("device kind", kind)
+        kind = _kind(kind, f"plugin {plugin}")
         if not callable(factory):
             raise ConfigError(f"factory of device kind {kind!r} is not callable")
         self._kinds[kind] = _prefer(f"device kind {kind!r}", self._kinds.get(kind),
@@ -343,7 +364,7 @@ class DeviceRegistry:
 
     def plugin_for(self, kind: str) -> str | None:
         """The name of the plugin whose factory :meth:`create` uses for ``kind``."""
-        entry = self._kinds.get(kind)
+        entry = self._kinds.get(config.device_kind(kind))
         return entry.plugin if entry is not None else None
 
     def merge(self, other: DeviceRegistry) -> None:
@@ -355,7 +376,9 @@ class DeviceRegistry:
         return {"devices": sorted(self._kinds)}
 
     def create(self, kind: str, **options):
-        entry = self._kinds.get(kind)
+        """A new, unopened device of ``kind`` (``"usb"`` is taken as ``"coral"``):
+        the winning factory called with ``options``."""
+        entry = self._kinds.get(config.device_kind(kind))
         if entry is None:
             raise ConfigError(f"no device kind {kind!r}; known: {sorted(self._kinds)}")
         return entry.factory(**options)

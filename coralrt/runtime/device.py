@@ -48,7 +48,7 @@ class RunStats:
 class EdgeTpuDevice:
     """Base class: ``open``, ``load``, ``run``, ``reset``, ``close``."""
 
-    kind = ""       # "sim" | "usb"
+    kind = ""       # the device registry's kind: "coral", "sim", or a plugin's
     path = ""       # a stable name for the device ("sim:0", "usb:0" ...)
 
     def open(self) -> None:

@@ -97,7 +97,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
     ``clock``: the clock variant the bring-up sets, "std" (libedgetpu's throttled
     build, the default) or "max" (its direct build); docs/usb.md, "Bring-up"."""
 
-    kind = "usb"
+    kind = "coral"
 
     def __init__(self, path: str | None = None, backend=None, *, timeout: float = C.DEFAULT_TIMEOUT,
                  firmware=None, reenumeration_timeout: float = C.REENUMERATION_TIMEOUT,

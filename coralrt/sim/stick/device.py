@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from coralrt.sim.latency import LatencyModel
 from coralrt.sim.stick.backend import SimulatedBackend
-from coralrt.usb.driver import UsbEdgeTpu, open_device
+from coralrt.usb.driver import UsbEdgeTpu
 
-__all__ = ["simulated_stick", "open_simulated_sticks"]
+__all__ = ["SimulatedStick", "simulated_stick", "open_simulated_sticks"]
+
+
+class SimulatedStick(UsbEdgeTpu):
+    """The real driver over a :class:`SimulatedBackend`: a device of kind ``sim``."""
+
+    kind = "sim"
 
 
 def simulated_stick(kernels: dict | None = None, *, usb: str = "usb3") -> UsbEdgeTpu:
@@ -27,7 +33,7 @@ def simulated_stick(kernels: dict | None = None, *, usb: str = "usb3") -> UsbEdg
     backend = SimulatedBackend(firmware_loaded=True, latency=LatencyModel(usb=usb),
                                time_scale=0.0, transcript_limit=256, lock_scope="process",
                                kernels=kernels)
-    return UsbEdgeTpu(None, backend)
+    return SimulatedStick(None, backend)
 
 
 def open_simulated_sticks(n: int = 1, *, usb: str = "usb3") -> list[UsbEdgeTpu]:
@@ -48,7 +54,9 @@ def open_simulated_sticks(n: int = 1, *, usb: str = "usb3") -> list[UsbEdgeTpu]:
     sticks: list[UsbEdgeTpu] = []
     try:
         for i in range(n):
-            sticks.append(open_device(f"usb:{i}", backend=bus))
+            stick = SimulatedStick(f"usb:{i}", bus)
+            stick.open()
+            sticks.append(stick)
     except BaseException:
         for stick in sticks:
             stick.close()
