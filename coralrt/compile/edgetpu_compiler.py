@@ -10,7 +10,7 @@ it with a timeout, parses its log (the summary lines and the per-operator
 ``edgetpu-custom-op`` of ``<name>_edgetpu.tflite`` carries.  When the
 compiler leaves operators of the segment on the CPU it raises
 :class:`~coralrt.errors.SegmentNotMapped` with the log's reasons, and
-:func:`coralrt.compile.driver.compile_model` moves them to the CPU and
+:func:`coralrt.compile.segments.compile_model` moves them to the CPU and
 compiles the rest of the segment again.
 
 edgetpu_compiler is closed source and built for x86-64 Linux only.  The

@@ -26,7 +26,7 @@ import numpy as np
 
 from coralrt.compile.cache import CompileCache, Entry, make_key
 from coralrt.compile.digest import model_digest
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.compile.rewrite.base import cache_options, run_rewrites
 from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES

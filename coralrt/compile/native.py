@@ -4,8 +4,8 @@ A segment (``docs/segment-format.md``) carries the operators, tensors,
 quantization, parameters and on-chip memory plan that the simulated Edge
 TPU runs with TFLite's integer semantics.  No real Edge TPU executes it: a
 real stick refuses it (:class:`~coralrt.errors.ProgramRefusedError`).  The
-generic driver that partitions a model and calls a segment compiler is
-:mod:`coralrt.compile.driver`.
+segment loop that partitions a model and calls a segment compiler is
+:mod:`coralrt.compile.segments`.
 """
 
 from __future__ import annotations

@@ -56,10 +56,10 @@ from coralrt.usb.exchange import Answered, Exchange, executable_inputs, segment_
 from coralrt.usb.extension import LOCK_SCOPES, BackendExtension
 from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
-from coralrt.usb.programs import ExecutableProgram, SegmentProgram
+from coralrt.usb.handles import ExecutableHandle, SegmentHandle
 from coralrt.usb.transport import Transport, translate_error
 
-__all__ = ["UsbEdgeTpu", "open_device", "SegmentProgram", "ExecutableProgram"]
+__all__ = ["UsbEdgeTpu", "open_device", "SegmentHandle", "ExecutableHandle"]
 
 log = logging.getLogger("coralrt.usb")
 
@@ -314,9 +314,9 @@ class UsbEdgeTpu(EdgeTpuDevice):
             key = bytes(data[:seg_codec.HEADER_SIZE])
             handle = self._programs.get(key)
             if handle is None:
-                handle = self._programs[key] = SegmentProgram(data)
+                handle = self._programs[key] = SegmentHandle(data)
             return handle
-        handle = ExecutableProgram(data)
+        handle = ExecutableHandle(data)
         return self._programs.setdefault(handle.key, handle)
 
     def _admit(self, kind: str) -> None:

@@ -1,4 +1,4 @@
-"""The generic compile driver: a plain model -> a compiled ``.tflite``.
+"""The segment loop: a plain model -> a compiled ``.tflite``.
 
 Each TPU segment of the partition is cut out as a standalone model, handed
 to a segment compiler (coralrt's native compiler, :mod:`coralrt.compile.native`,

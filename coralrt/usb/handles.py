@@ -1,5 +1,7 @@
-"""Programs a stick runs, as the host prepares them: a coralrt segment (the
-coralrt wire protocol, docs/usb.md) or a DWN1 package from edgetpu_compiler."""
+"""The handles of programs a stick runs, as the host prepares them: a coralrt
+segment (the coralrt wire protocol, docs/usb.md) or a DWN1 package from
+edgetpu_compiler.  (A handle is what ``UsbEdgeTpu.load`` returns; a
+:class:`~coralrt.runtime.program.Program` is something else: what a session runs.)"""
 
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ from coralrt.usb import constants as C
 from coralrt.usb.framing import prepare_stream
 from coralrt.usb.transforms import InputStager, OutputDecoder
 
-__all__ = ["SegmentProgram", "ExecutableProgram"]
+__all__ = ["SegmentHandle", "ExecutableHandle"]
 
 
-class SegmentProgram:
+class SegmentHandle:
     """A coralrt segment; decoded (output shapes) on its first run."""
 
     kind = "segment"
@@ -39,7 +41,7 @@ class SegmentProgram:
         self.prepared = True
 
 
-class ExecutableProgram:
+class ExecutableHandle:
     """A DWN1 package: the executables libedgetpu would pick, with staged buffers."""
 
     kind = "dwn1"
