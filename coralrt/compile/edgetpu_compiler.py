@@ -38,6 +38,7 @@ from pathlib import Path
 
 from coralrt import config
 from coralrt.compile import emulation
+from coralrt.compile.base import Compiler
 from coralrt.compile.rules import MAPPED
 from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.errors import CompileError, CompilerUnavailableError, SegmentNotMapped
@@ -189,7 +190,7 @@ class CompiledSegment(bytes):
                                   self.report))
 
 
-class EdgeTpuCompiler:
+class EdgeTpuCompiler(Compiler):
     """Compiles Edge TPU segments with edgetpu_compiler; the programs run on a real stick.
 
     ``path``: the executable (default: :func:`find_compiler`); ``timeout``:

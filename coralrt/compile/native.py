@@ -10,6 +10,7 @@ segment loop that partitions a model and calls a segment compiler is
 
 from __future__ import annotations
 
+from coralrt.compile.base import Compiler
 from coralrt.compile.checks import OpView, layer_width
 from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
@@ -21,7 +22,7 @@ from coralrt.version import version as coralrt_version
 __all__ = ["NativeCompiler"]
 
 
-class NativeCompiler:
+class NativeCompiler(Compiler):
     """Builds coralrt segments; their programs run on the simulated Edge TPU."""
 
     id = seg_format.COMPILER_ID
