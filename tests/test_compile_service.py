@@ -30,7 +30,7 @@ from support.service import compile_calls, service, stand_in  # noqa: E402
 
 from coralrt import config  # noqa: E402
 from coralrt.compile.cache import CompileCache  # noqa: E402
-from coralrt.compile.driver import compile_model  # noqa: E402
+from coralrt.compile.segments import compile_model  # noqa: E402
 from coralrt.compile.remote import RemoteCompiler, check_url  # noqa: E402
 from coralrt.errors import CompileServiceError, ConfigError  # noqa: E402
 from coralrt.model import load_model  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from coralrt import InferenceSession
 from coralrt.cli.main import main
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.errors import ModelError
 from coralrt.model import load_model
 from coralrt.model.compiled import compiled_by, expected_plain, plain_sibling

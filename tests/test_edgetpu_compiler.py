@@ -26,7 +26,7 @@ from coralrt.compile.edgetpu_compiler import (
     CompiledSegment, EdgeTpuCompiler, find_compiler, parse_log, parse_version,
 )
 from coralrt.compile.jit import jit_compile
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.compile.partition import partition, plan_from_groups
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
 from coralrt.plugins import builtins

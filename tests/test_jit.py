@@ -19,7 +19,7 @@ from coralrt.cli.main import main
 from coralrt.formats import segment_codec as seg_format
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.errors import ModelError
 from coralrt.model import load_model

@@ -12,7 +12,7 @@ from coralrt.cli import _progress
 from coralrt.cli.main import main
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.cache_archive import export_cache
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.compile.jit import jit_compile
 from coralrt.compile.partition import partition
 from coralrt.model import load_model

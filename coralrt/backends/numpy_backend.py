@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import (
     CoralRTError, InferenceError, InputError, ModelError, UnsupportedOperatorError,
 )
+from ..formats.opnames import EDGETPU_OP as _EDGETPU_OP
 from ..formats.segment import (
     Segment, SegmentOp, SegmentTensor, quantization_arrays, segment_ops,
 )
@@ -63,7 +64,6 @@ log = logging.getLogger("coralrt.backends")
 
 _CONTROL_FLOW = ("WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEHLO_CASE",
                  "STABLEHLO_COMPOSITE")
-_EDGETPU_OP = "edgetpu-custom-op"
 _OUTPUT_TAKES_INPUT_TYPE = ("ADD", "SUB")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from coralrt.cli._progress import Progress
 from coralrt.cli._text import dumps
 from coralrt.cli.partition_cmd import rewritten
-from coralrt.compile.driver import compile_log, compile_model
+from coralrt.compile.segments import compile_log, compile_model
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.compile.partition import MODES, mib
 from coralrt.compile.remote import RemoteCompiler

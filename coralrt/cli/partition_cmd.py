@@ -103,7 +103,7 @@ def segment_estimates(model: Model, plan: PartitionPlan, *, usb: str = "usb3",
     model estimates (``per_run_ms``, ``first_run_ms``), as the simulated stick
     estimates it: the segments compiled by the native compiler, loaded in order
     (each caches its parameters in what on-chip memory the ones before left)."""
-    from coralrt.compile.driver import compile_model
+    from coralrt.compile.segments import compile_model
     from coralrt.formats import segment_codec
     from coralrt.sim.latency import LatencyModel
 

@@ -10,7 +10,7 @@ it with a timeout, parses its log (the summary lines and the per-operator
 ``edgetpu-custom-op`` of ``<name>_edgetpu.tflite`` carries.  When the
 compiler leaves operators of the segment on the CPU it raises
 :class:`~coralrt.errors.SegmentNotMapped` with the log's reasons, and
-:func:`coralrt.compile.driver.compile_model` moves them to the CPU and
+:func:`coralrt.compile.segments.compile_model` moves them to the CPU and
 compiles the rest of the segment again.
 
 edgetpu_compiler is closed source and built for x86-64 Linux only.  The
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from coralrt import config
 from coralrt.compile import emulation
+from coralrt.compile.base import Compiler
 from coralrt.compile.rules import MAPPED
 from coralrt.formats.opnames import EDGETPU_OP
 from coralrt.errors import CompileError, CompilerUnavailableError, SegmentNotMapped
@@ -189,7 +190,7 @@ class CompiledSegment(bytes):
                                   self.report))
 
 
-class EdgeTpuCompiler:
+class EdgeTpuCompiler(Compiler):
     """Compiles Edge TPU segments with edgetpu_compiler; the programs run on a real stick.
 
     ``path``: the executable (default: :func:`find_compiler`); ``timeout``:

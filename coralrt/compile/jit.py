@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coralrt.compile.base import Compiler, as_compiler
 from coralrt.compile.cache import CompileCache, Entry, make_key
 from coralrt.compile.digest import model_digest
-from coralrt.compile.driver import compile_model
+from coralrt.compile.segments import compile_model
 from coralrt.compile.rewrite.base import cache_options, run_rewrites
 from coralrt.compile.native import NativeCompiler
 from coralrt.compile.partition import MODES
@@ -49,7 +50,7 @@ class JitResult:
     compile_info: dict    # cache_hit, compile_seconds, key, compiler, mode, segments, ...
 
 
-def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None = None,
+def jit_compile(source, *, mode: str = "multi", compiler: Compiler | None = None,
                 cache: CompileCache | None = None, rules=None, rules_fingerprint=None,
                 events=None, parsed: Model | None = None, rewrites=()) -> JitResult:
     """The compiled form of ``source`` (a path, the model's bytes, or a Model).
@@ -71,7 +72,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
     if mode not in MODES:
         raise ConfigError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
     start = time.perf_counter()
-    compiler = compiler or NativeCompiler()
+    compiler = as_compiler(compiler or NativeCompiler())
     cache = cache if cache is not None else CompileCache()
     model = source if isinstance(source, Model) else parsed
     digest, data = _digest(source, cache)
@@ -110,7 +111,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: NativeCompiler | None 
         # entry without the compiler (a Pi using an entry compiled elsewhere).
         return out, {"compiler": f"{compiler.id} {compiler.version}", "options": options,
                      "compiler_id": compiler.id, "compiler_version": compiler.version,
-                     "device_kinds": sorted(getattr(compiler, "runs_on", ())),
+                     "device_kinds": sorted(compiler.runs_on),
                      "build_seconds": time.perf_counter() - t0,
                      "summary": result.plan.summary,
                      "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops],

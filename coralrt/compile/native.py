@@ -4,12 +4,13 @@ A segment (``docs/segment-format.md``) carries the operators, tensors,
 quantization, parameters and on-chip memory plan that the simulated Edge
 TPU runs with TFLite's integer semantics.  No real Edge TPU executes it: a
 real stick refuses it (:class:`~coralrt.errors.ProgramRefusedError`).  The
-generic driver that partitions a model and calls a segment compiler is
-:mod:`coralrt.compile.driver`.
+segment loop that partitions a model and calls a segment compiler is
+:mod:`coralrt.compile.segments`.
 """
 
 from __future__ import annotations
 
+from coralrt.compile.base import Compiler
 from coralrt.compile.checks import OpView, layer_width
 from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
@@ -21,7 +22,7 @@ from coralrt.version import version as coralrt_version
 __all__ = ["NativeCompiler"]
 
 
-class NativeCompiler:
+class NativeCompiler(Compiler):
     """Builds coralrt segments; their programs run on the simulated Edge TPU."""
 
     id = seg_format.COMPILER_ID

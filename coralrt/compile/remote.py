@@ -46,6 +46,7 @@ import time
 from urllib.parse import urlsplit
 
 from coralrt import config
+from coralrt.compile.base import Compiler
 from coralrt.compile.edgetpu_compiler import CompiledSegment, package_of, parse_log
 from coralrt.errors import CompileServiceError, ConfigError
 from coralrt.formats.opnames import EDGETPU_OP
@@ -99,7 +100,7 @@ def check_url(url: str, *, token: bool) -> tuple[str, str, int, str]:
     return parts.scheme, parts.hostname, port, parts.path.rstrip("/")
 
 
-class RemoteCompiler:
+class RemoteCompiler(Compiler):
     """Compiles Edge TPU segments on a compile service; the programs run on a real stick.
 
     ``url``: the service (default ``CORALRT_COMPILER_URL``); ``token``

@@ -1,6 +1,8 @@
 """Program formats: what an Edge TPU step carries inside a ``.tflite``.
 
-``opnames.py`` names the custom operators (one constant per name);
+``opnames.py`` names the custom operators (one constant per name) and
+holds the table of program formats (``FORMATS``: id, custom operator, magic,
+compiler, handle class, output fix-ups) that every reader chooses by;
 ``segment.py``, ``memplan.py`` and ``segment_codec.py`` are coralrt's native
 segment (data, on-chip memory plan, byte codec; docs/segment-format.md);
 ``dwn1.py`` (packages, choosing and checking executables), ``dwn1_executable.py``

@@ -17,12 +17,13 @@ from coralrt.formats.segment import (
     KINDS, Segment, SegmentOp, SegmentTensor, attach_parameter_views, check_segment,
 )
 from coralrt.errors import SegmentFormatError
+from coralrt.formats.opnames import SEGMENT
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "HEADER_SIZE", "encode", "decode"]
 
 # -- byte format (docs/segment-format.md) -------------------------------------------------
 
-MAGIC = b"CRTSEG\0\0"
+MAGIC = SEGMENT.magic   # b"CRTSEG\0\0", from the table of program formats
 FORMAT_VERSION = 1
 HEADER_SIZE = 160
 SECTION_NAMES = ("info", "io", "operators", "tensors", "offset table", "memory plan",

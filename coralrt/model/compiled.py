@@ -1,6 +1,7 @@
 """Models that were already compiled for an Edge TPU, and where their plain model is.
 
-Two compilers leave device programs inside a ``.tflite``: edgetpu_compiler
+Two compilers leave device programs inside a ``.tflite``, one program format
+each (:data:`coralrt.formats.opnames.FORMATS`): edgetpu_compiler
 (``edgetpu-custom-op``, runs only on a Coral stick) and coralrt's native
 compiler (``coralrt-segment``, runs on the simulated Edge TPU).  Neither kind
 runs on the CPU backend, and neither can be compiled again.  edgetpu_compiler
@@ -17,7 +18,7 @@ import os
 from pathlib import Path
 
 from coralrt.errors import ModelError
-from coralrt.formats.opnames import EDGETPU_OP, SEGMENT_OP
+from coralrt.formats.opnames import DWN1, SEGMENT
 
 __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
            "refuse_compiled"]
@@ -25,13 +26,17 @@ __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not
 _SUFFIX = "_edgetpu.tflite"
 
 
+# A model holding programs of both formats is edgetpu_compiler's: it needs a real stick.
+_PRECEDENCE = (DWN1, SEGMENT)
+
+
 def compiled_by(model) -> str | None:
-    """``"edgetpu_compiler"``, ``"coralrt"`` or ``None`` (a plain model)."""
+    """``"edgetpu_compiler"``, ``"coralrt"`` or ``None`` (a plain model): the
+    ``compiler`` of the program format whose operator the model holds."""
     names = {op.opcode.custom_code for sg in model.subgraphs for op in sg.operators}
-    if EDGETPU_OP in names:
-        return "edgetpu_compiler"
-    if SEGMENT_OP in names:
-        return "coralrt"
+    for fmt in _PRECEDENCE:
+        if fmt.op_name in names:
+            return fmt.compiler
     return None
 
 

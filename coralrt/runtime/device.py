@@ -58,6 +58,17 @@ class EdgeTpuDevice:
         """Upload ``program`` (a coralrt segment or an Edge TPU executable); return a handle."""
         raise NotImplementedError
 
+    def load_as(self, program: bytes, format_id: str, *, output_dtypes=None):
+        """Upload ``program`` of the program format ``format_id`` (``"segment"``,
+        ``"dwn1"``: :data:`coralrt.formats.opnames.FORMATS`); return a handle.
+
+        The executor calls this, knowing the format from the operator's name.
+        ``output_dtypes``: the operator's output dtypes, for formats whose
+        outputs need them to be decoded (``outputs_need_dtypes``).  This default
+        leaves both to :meth:`load`, for devices that tell formats apart by
+        themselves."""
+        return self.load(program)
+
     def run(self, handle, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Send inputs, execute, read outputs (in the program's output order)."""
         raise NotImplementedError

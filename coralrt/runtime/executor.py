@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.formats.opnames import DEVICE_OPS, EDGETPU_OP
+from coralrt.formats.opnames import BY_OP
 from coralrt.runtime.device import EdgeTpuDevice
 from coralrt.errors import ConfigError, InferenceError, PluginError
 from coralrt.model.custom_options import decode_flexbuffer_map
@@ -103,9 +103,11 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
                   num_threads: int | None = None, cpu_kernels: str = "optimized",
                   host=None, override_builtins: bool = False,
                   devices: Sequence[EdgeTpuDevice] | None = None) -> ExecutorProgram:
-    """Steps for ``compiled``: its ``coralrt-segment`` operators on ``device``,
-    operators with a plugin kernel as plugin steps (builtins only with
-    ``override_builtins``), everything else in the CPU backend.
+    """Steps for ``compiled``: its operators that carry a device program (one of
+    the program formats of :data:`coralrt.formats.opnames.FORMATS`, found by the
+    operator's name and loaded with :meth:`EdgeTpuDevice.load_as`) on
+    ``device``, operators with a plugin kernel as plugin steps (builtins only
+    with ``override_builtins``), everything else in the CPU backend.
 
     ``devices`` (instead of ``device``): Edge TPU segment ``i`` runs on
     ``devices[i % len(devices)]``, as :mod:`coralrt.runtime.pipeline` uses it.
@@ -149,7 +151,8 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
             flush()
             steps.append(_plugin_step(sg, i, kernel))
             continue
-        if op.name not in DEVICE_OPS:
+        fmt = BY_OP.get(op.name)
+        if fmt is None:
             pending.append(i)
             continue
         if not pool:
@@ -157,13 +160,13 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
         flush()
         n_tpu = sum(1 for s in steps if s.kind == "tpu")
         device = pool[n_tpu % len(pool)]
-        handle = device.load(op.custom_options)  # a view: no copy of the parameters
-        shapes = None
-        if op.name == EDGETPU_OP:
-            # Host dtypes of the outputs, for the driver's output decoding; the
-            # executable's layers drop the batch dimension the model declares.
-            handle.output_dtypes = [sg.tensors[t].dtype for t in op.outputs]
-            shapes = [sg.tensors[t].shape for t in op.outputs]
+        # The format's output fix-ups: the host dtypes of the outputs, for the
+        # device's output decoding; the model's output shapes, for formats whose
+        # outputs come back without the batch dimension the model declares.
+        dtypes = [sg.tensors[t].dtype for t in op.outputs] if fmt.outputs_need_dtypes else None
+        shapes = [sg.tensors[t].shape for t in op.outputs] if fmt.outputs_need_shapes else None
+        # A view of the operator's options: no copy of the parameters.
+        handle = device.load_as(op.custom_options, fmt.id, output_dtypes=dtypes)
         steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.path}", [i],
                           list(op.inputs), list(op.outputs),
                           _tpu_runner(device, handle, shapes), device))

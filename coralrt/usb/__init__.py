@@ -9,7 +9,7 @@ and nothing of the simulated stick (:mod:`coralrt.sim.stick`) that the tests
 run it against.  ``driver.py`` has :class:`UsbEdgeTpu` (open, reset, close,
 programs) and ``exchange.py`` what one run sends and reads; ``discovery.py``,
 ``dfu.py``, ``firmware.py``, ``bringup.py``, ``transport.py``, ``framing.py``,
-``programs.py``, ``transforms.py``, ``lock.py``, ``extension.py``, ``udev.py``
+``handles.py``, ``transforms.py``, ``lock.py``, ``extension.py``, ``udev.py``
 and ``constants.py`` the rest.  See docs/usb.md.
 
 May import: errors, config, model, tensors, formats, runtime.

@@ -2,11 +2,11 @@
 
 ``open`` finds the stick (bounded retries), takes its per-stick lock, downloads
 the firmware if it is in bootloader mode, resets it, claims interface 0 and
-runs the bring-up register sequence.  ``load`` accepts a coralrt segment (the
-coralrt wire protocol, docs/usb.md) or the ``custom_options`` of an
-``edgetpu-custom-op`` (a DWN1 package), unless the device cannot execute that
-kind of program (``ProgramRefusedError``); programs are prepared and uploaded
-on their first run.  ``run`` checks the inputs and hands the request to the
+runs the bring-up register sequence.  ``load_as`` accepts a program of a
+format of :data:`coralrt.formats.opnames.FORMATS` (a coralrt segment, or a
+DWN1 package from an ``edgetpu-custom-op``) as the handle class registered for
+its id, unless the device cannot execute that kind of program
+(``ProgramRefusedError``); programs are prepared and uploaded on their first run.  ``run`` checks the inputs and hands the request to the
 open stick's :class:`~coralrt.usb.exchange.Exchange` (what goes on the wire,
 and what the stick holds).  ``close`` halts the chip, releases the interface,
 resets the port and drops the lock.  Any transfer failure leaves the device
@@ -43,7 +43,7 @@ import time
 import usb.core
 import usb.util
 
-from coralrt.formats import segment_codec as seg_codec
+from coralrt.formats.opnames import BY_ID, identify
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.errors import (
     ConfigError, DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError,
@@ -56,17 +56,15 @@ from coralrt.usb.exchange import Answered, Exchange, executable_inputs, segment_
 from coralrt.usb.extension import LOCK_SCOPES, BackendExtension
 from coralrt.usb.framing import Framer
 from coralrt.usb.lock import DeviceLock
-from coralrt.usb.programs import ExecutableProgram, SegmentProgram
+from coralrt.usb.handles import HANDLES, ExecutableHandle, SegmentHandle
 from coralrt.usb.transport import Transport, translate_error
 
-__all__ = ["UsbEdgeTpu", "open_device", "SegmentProgram", "ExecutableProgram"]
+__all__ = ["UsbEdgeTpu", "open_device", "SegmentHandle", "ExecutableHandle"]
 
 log = logging.getLogger("coralrt.usb")
 
 # What the driver assumes of a backend that is not a BackendExtension: real sticks.
 _REAL_STICK = BackendExtension()
-_PROGRAM_NAMES = {"segment": "a coralrt native segment",
-                  "dwn1": "an edgetpu_compiler program (DWN1 executable package)"}
 
 
 class _ResetPending:
@@ -301,23 +299,25 @@ class UsbEdgeTpu(EdgeTpuDevice):
 
     # -- programs -----------------------------------------------------------------------
     def load(self, program):
-        """A handle for ``program`` (segment bytes or edgetpu-custom-op custom_options).
+        """:meth:`load_as` with the format the table tells from the bytes (``identify``)."""
+        data = memoryview(program).cast("B")
+        return self.load_as(data, identify(data).id)
+
+    def load_as(self, program, format_id: str, *, output_dtypes=None):
+        """A handle for ``program`` of the format ``format_id``, of the class
+        :data:`HANDLES` registers for it, one per program; ``output_dtypes`` is
+        kept on it for formats that decode outputs with them.
 
         Raises :class:`~coralrt.errors.ProgramRefusedError` when the device
         cannot execute that kind of program (checked here when the device is
         open, else on the program's first run).
         """
         data = memoryview(program).cast("B")
-        is_segment = bytes(data[:8]) == seg_codec.MAGIC
-        self._admit("segment" if is_segment else "dwn1")
-        if is_segment:
-            key = bytes(data[:seg_codec.HEADER_SIZE])
-            handle = self._programs.get(key)
-            if handle is None:
-                handle = self._programs[key] = SegmentProgram(data)
-            return handle
-        handle = ExecutableProgram(data)
-        return self._programs.setdefault(handle.key, handle)
+        self._admit(format_id)
+        handle = HANDLES[format_id].from_cache(data, self._programs)
+        if output_dtypes is not None:
+            handle.output_dtypes = list(output_dtypes)
+        return handle
 
     def _admit(self, kind: str) -> None:
         """Raise ProgramRefusedError if the open device cannot execute programs of ``kind``
@@ -327,7 +327,7 @@ class UsbEdgeTpu(EdgeTpuDevice):
             return
         reason = ext.refusal(address, kind)
         if reason is not None:
-            raise ProgramRefusedError(f"{self.path}: cannot load {_PROGRAM_NAMES[kind]}: "
+            raise ProgramRefusedError(f"{self.path}: cannot load {BY_ID[kind].description}: "
                                       f"{reason}", kind=kind, reason=reason, path=self.path)
 
     def _usable(self) -> Exchange:

@@ -26,7 +26,7 @@ import numpy as np
 from coralrt.errors import DeviceError, InferenceError, InputError, ModelError
 from coralrt.usb import constants as C
 from coralrt.usb.framing import Framer
-from coralrt.usb.programs import ExecutableProgram, SegmentProgram
+from coralrt.usb.handles import ExecutableHandle, SegmentHandle
 
 __all__ = ["Exchange", "Answered", "segment_inputs", "executable_inputs"]
 
@@ -42,7 +42,7 @@ class Answered(Exception):
         self.error = error
 
 
-def segment_inputs(h: SegmentProgram, inputs) -> list[np.ndarray]:
+def segment_inputs(h: SegmentHandle, inputs) -> list[np.ndarray]:
     """``inputs`` as the contiguous arrays ``h`` takes (InputError if they do not fit)."""
     if len(inputs) != len(h.inputs):
         raise InputError(f"the segment takes {len(h.inputs)} inputs, got {len(inputs)}")
@@ -56,7 +56,7 @@ def segment_inputs(h: SegmentProgram, inputs) -> list[np.ndarray]:
     return arrays
 
 
-def executable_inputs(h: ExecutableProgram, inputs) -> dict:
+def executable_inputs(h: ExecutableHandle, inputs) -> dict:
     """``inputs`` staged for ``h``'s input layers, by layer name."""
     exe = h.exe
     if len(inputs) != len(exe.inputs):
@@ -82,7 +82,7 @@ class Exchange:
         return buf.tobytes().decode("utf-8", "replace")
 
     # -- coralrt segments ---------------------------------------------------------------
-    def _upload_segment(self, h: SegmentProgram) -> float:
+    def _upload_segment(self, h: SegmentHandle) -> float:
         framer = self.framer
         start = time.perf_counter()
         framer.send(C.TAG_PARAMETERS, h.data)
@@ -97,7 +97,7 @@ class Exchange:
         self._on_device.add(h.key)
         return time.perf_counter() - start
 
-    def run_segment(self, h: SegmentProgram, arrays):
+    def run_segment(self, h: SegmentHandle, arrays):
         """(parameter upload seconds, outputs) of one run of ``h`` on ``arrays``."""
         framer = self.framer
         upload = 0.0
@@ -130,7 +130,7 @@ class Exchange:
         raise AssertionError("unreachable")
 
     # -- DWN1 executables ---------------------------------------------------------------
-    def run_executable(self, h: ExecutableProgram, staged: dict):
+    def run_executable(self, h: ExecutableHandle, staged: dict):
         """(parameter upload seconds, outputs) of one run of ``h`` on ``staged``."""
         exe = h.exe
         token = exe.caching_token
@@ -147,7 +147,7 @@ class Exchange:
         self._follow_hints(h, exe, staged, h.raw)
         return upload, [d.decode(h.raw[d.layer.name]) for d in h.decoders]
 
-    def _follow_hints(self, h: ExecutableProgram, exe, staged, raw) -> None:
+    def _follow_hints(self, h: ExecutableHandle, exe, staged, raw) -> None:
         framer = self.framer
         parts = h.parts[id(exe)]
         ended = False

@@ -1,4 +1,4 @@
-"""The generic compile driver: a plain model -> a compiled ``.tflite``.
+"""The segment loop: a plain model -> a compiled ``.tflite``.
 
 Each TPU segment of the partition is cut out as a standalone model, handed
 to a segment compiler (coralrt's native compiler, :mod:`coralrt.compile.native`,
@@ -7,7 +7,9 @@ in its ``custom_options``.  CPU operators stay as they were, so the compiled
 model is a valid ``.tflite`` that LiteRT loads (it only fails on the custom
 op, which the coralrt executor runs).
 
-``compile_model`` drives any segment compiler with the same interface: the
+``compile_model`` drives any segment compiler through the contract of
+:class:`coralrt.compile.base.Compiler` (an object that only has its
+attributes is wrapped by :func:`~coralrt.compile.base.as_compiler`): the
 segment operator's custom code is the compiler's ``op_name``
 (``edgetpu-custom-op`` for :mod:`coralrt.compile.edgetpu_compiler`), and
 when a compiler leaves operators of a segment on the CPU
@@ -25,8 +27,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from coralrt.compile.base import Compiler, as_compiler
 from coralrt.compile.native import NativeCompiler
-from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.compile.partition import (
     PartitionPlan, mib, partition, plan_from_groups, summary_lines,
 )
@@ -56,7 +58,7 @@ class CompileResult:
         return self.model.to_bytes()
 
 
-def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler | None = None,
+def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | None = None,
                   plan: PartitionPlan | None = None, rules=None, on_plan=None,
                   on_segment=None, max_compiles: int | None = None) -> CompileResult:
     """Partition ``model`` and compile every TPU segment into a compiled model.
@@ -78,7 +80,7 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler
     if compiled_by(model) == "edgetpu_compiler":
         raise ModelError(not_recompilable(model))
     start = time.perf_counter()
-    compiler = compiler or NativeCompiler()
+    compiler = as_compiler(compiler or NativeCompiler())
     plan = plan or partition(model, mode, rules=rules)
     if on_plan is not None:
         on_plan(plan)
@@ -123,7 +125,7 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: NativeCompiler
     if groups != [sorted(s.ops) for s in plan.segments] or cpu_reasons:
         plan = plan_from_groups(model, plan, groups, cpu_reasons=cpu_reasons)
     plan = _with_reports(plan, blobs)
-    code = OperatorCode(CUSTOM, getattr(compiler, "op_name", SEGMENT_OP), 1)
+    code = OperatorCode(CUSTOM, compiler.op_name, 1)
     nodes: dict[int, Operator] = {}  # first op index of a node -> the operator that replaces it
     seg_of = {i: s for s in plan.segments for i in s.ops}
     for i, op in enumerate(sg.operators):

@@ -1,5 +1,12 @@
-"""Programs a stick runs, as the host prepares them: a coralrt segment (the
-coralrt wire protocol, docs/usb.md) or a DWN1 package from edgetpu_compiler."""
+"""The handles of programs a stick runs, as the host prepares them: a coralrt
+segment (the coralrt wire protocol, docs/usb.md) or a DWN1 package from
+edgetpu_compiler.  (A handle is what ``UsbEdgeTpu.load`` returns; a
+:class:`~coralrt.runtime.program.Program` is something else: what a session runs.)
+
+:data:`HANDLES` registers each handle class under the id of its program
+format (:data:`coralrt.formats.opnames.FORMATS`, whose ``handle`` field names
+the class); the driver looks handles up there, never by the program's bytes.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +17,36 @@ import numpy as np
 from coralrt.formats import segment_codec as seg_codec
 from coralrt.formats.dwn1 import check_runnable, parse_package, select_executables
 from coralrt.errors import ExecutableError
+from coralrt.formats.opnames import DWN1, SEGMENT
 from coralrt.model.types import numpy_dtype
 from coralrt.usb import constants as C
 from coralrt.usb.framing import prepare_stream
 from coralrt.usb.transforms import InputStager, OutputDecoder
 
-__all__ = ["SegmentProgram", "ExecutableProgram"]
+__all__ = ["SegmentHandle", "ExecutableHandle", "HANDLES"]
 
 
-class SegmentProgram:
+class SegmentHandle:
     """A coralrt segment; decoded (output shapes) on its first run."""
 
-    kind = "segment"
+    kind = SEGMENT.id
+    output_dtypes = None    # not used: a segment's outputs have the model's dtypes
 
     def __init__(self, data: memoryview):
         self.data = data
         self.key = bytes(data[:seg_codec.HEADER_SIZE])
         self.prepared = False
+
+    @classmethod
+    def from_cache(cls, data: memoryview, handles: dict) -> SegmentHandle:
+        """The handle of ``data`` in ``handles`` (by its header, which holds the
+        body's CRC-32), made and added when missing: a segment is decoded on its
+        first run only."""
+        key = bytes(data[:seg_codec.HEADER_SIZE])
+        handle = handles.get(key)
+        if handle is None:
+            handle = handles[key] = cls(data)
+        return handle
 
     def prepare(self) -> None:
         seg = seg_codec.decode(self.data)
@@ -39,10 +59,10 @@ class SegmentProgram:
         self.prepared = True
 
 
-class ExecutableProgram:
+class ExecutableHandle:
     """A DWN1 package: the executables libedgetpu would pick, with staged buffers."""
 
-    kind = "dwn1"
+    kind = DWN1.id
 
     def __init__(self, data: memoryview):
         self.data = data
@@ -61,6 +81,14 @@ class ExecutableProgram:
         self.prepared = False
         self.output_dtypes: list | None = None   # host dtypes when they differ (classifiers)
 
+    @classmethod
+    def from_cache(cls, data: memoryview, handles: dict) -> ExecutableHandle:
+        """The handle of ``data``: parsed and checked on every load (a package
+        that does not parse or run is refused here), then the one in ``handles``
+        with the same bytes, or this one, added."""
+        handle = cls(data)
+        return handles.setdefault(handle.key, handle)
+
     def prepare(self) -> None:
         exe = self.exe
         self.parts = {id(e): [prepare_stream(C.TAG_INSTRUCTIONS, c) for c in e.instructions]
@@ -77,3 +105,7 @@ class ExecutableProgram:
                                              layer.size_bytes * layer.execution_count),
                                          np.uint8) for layer in exe.outputs}
         self.prepared = True
+
+
+#: Format id -> the handle class of that program format.
+HANDLES: dict[str, type] = {SEGMENT.id: SegmentHandle, DWN1.id: ExecutableHandle}
