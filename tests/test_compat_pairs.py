@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import MODELS_DIR, REPO_ROOT, extra_model_paths, model_params
 
-from coralrt.compile import compat as C
+from coralrt.compile import compat_rules as C
 from coralrt.compile import rules as R
 from coralrt.compile.pairs import (
     PairError, compare_models, compare_pair, compiler_mapping, find_pairs, plain_for,

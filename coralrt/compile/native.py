@@ -11,6 +11,7 @@ generic driver that partitions a model and calls a segment compiler is
 from __future__ import annotations
 
 from coralrt.compile.checks import OpView, layer_width
+from coralrt.ops import operator_table
 from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
 from coralrt.formats import segment_codec
@@ -46,9 +47,16 @@ def _too_wide(piece: Model) -> dict[int, str]:
     segment planned with other rules (a plugin's) cannot hold one either."""
     sg = piece.main
     reasons = {}
+    limited = _width_limited()
     for i, op in enumerate(sg.operators):
-        if op.name in ("CONV_2D", "FULLY_CONNECTED"):
+        if op.name in limited:
             reason = layer_width(OpView(sg, op, i))
             if reason:
                 reasons[i] = reason
     return reasons
+
+
+def _width_limited() -> frozenset[str]:
+    """Operators whose spec's Edge TPU rule checks ``layer_width``."""
+    return frozenset(name for name, support in operator_table("tpu").items()
+                     if layer_width in support.checks)
