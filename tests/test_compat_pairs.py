@@ -96,7 +96,8 @@ def test_tile_maps_in_compat_mode_with_constant_multiples():
 
 
 def test_tile_stays_on_cpu_in_multi_mode():
-    # The simulated Edge TPU has no TILE kernel: multi mode keeps the table's rules.
+    # TILE is an observation of edgetpu_compiler (a compat rule): multi mode keeps
+    # the published table.
     op = placements(tile_model([1, 33, 33, 1]), "multi")[0]
     assert op.target == "cpu" and op.reason.startswith(R.UNSUPPORTED_OP)
 

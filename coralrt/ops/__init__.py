@@ -44,7 +44,7 @@ __all__ = ["OpSpec", "OpSupport", "KernelRef", "DEFAULT_ACTIVATIONS", "NO_ACTIVA
            "builtin_specs", "operator_table", "kernel_table", "family_of", "resolve"]
 
 # Modules of this package that hold no specs.
-_NOT_FAMILIES = frozenset({"spec", "checks", "fused", "litert"})
+_NOT_FAMILIES = frozenset({"spec", "checks", "fused", "litert", "doc_tables"})
 
 
 def _families() -> list[str]:
