@@ -6,20 +6,16 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 * 8-bit operators run on the simulated Edge TPU's integer kernels
   (:mod:`coralrt.sim.kernels`, driven by :class:`coralrt.sim.runner.SegmentRunner`),
   which reproduce TFLite's reference kernels (``BUILTIN_REF``) bit for bit.
-* Operators with a float32 (or float16) input or output run on the float
-  kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
-  RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
-  RELU_N1_TO_1, LEAKY_RELU, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN,
-  FULLY_CONNECTED), and the SSD post-processing operator on
-  :mod:`coralrt.backends.numpy_detect`.  Float outputs match ``BUILTIN_REF``
-  within the tolerances stated there (most are bit-exact), integer outputs
-  exactly.
-* GATHER, GATHER_ND, UNPACK, SPLIT_V, DEPTH_TO_SPACE, CAST, FLOOR_DIV, ARG_MAX
-  and ARG_MIN (any type), and ADD, SUB, MUL of plain int32 or int64 tensors,
-  are in :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
-  :mod:`coralrt.backends.numpy_matmul`.  8-bit GELU, int8 ABS and 8-bit
-  LEAKY_RELU, which the Edge TPU does not have, are tables of 256 codes in
-  :mod:`coralrt.sim.kernels.host_only`, not registered for the simulator.
+* The other kernels are named by the operator specs (:mod:`coralrt.ops`):
+  ``numpy_any`` (any type, picked first: indexing and shape operators,
+  BATCH_MATMUL, the SSD post-processing operator), ``numpy_float`` (picked
+  when any input or output is float32 or float16), ``numpy_wide_int`` (ADD,
+  SUB, MUL of plain int32 or int64 tensors) and ``numpy_8bit`` (8-bit GELU,
+  int8 ABS and 8-bit LEAKY_RELU, which the Edge TPU does not have: tables of
+  256 codes in :mod:`coralrt.sim.kernels.host_only`).  Their libraries are
+  :mod:`coralrt.backends.numpy_kernels`, ``numpy_index``, ``numpy_matmul`` and
+  ``numpy_detect``.  Float outputs match ``BUILTIN_REF`` within the tolerances
+  stated there (most are bit-exact), integer outputs exactly.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread

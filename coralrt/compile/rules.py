@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from coralrt.ops import OpSupport, operator_table
 from coralrt.ops.checks import (
-    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_DETAILS,
+    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION,
     UNSUPPORTED_OP, UNSUPPORTED_TYPE, UNSUPPORTED_VERSION, Check, OpView, concat_constants,
     constant_operands,
     fc_default_weights, innermost_three, int8_only, layer_width, lstm_types,
@@ -75,7 +75,7 @@ class RuleRegistry:
         support = self._ops.get(view.name)
         if support is None:
             kind = "custom operator" if view.op.opcode.is_custom else "operator"
-            detail = UNSUPPORTED_DETAILS.get(view.name)
+            detail = _refusals().get(view.name)
             more = f"; {detail(view)}" if detail is not None else ""
             return f"{UNSUPPORTED_OP}: the Edge TPU has no {view.name} {kind}{more}"
         if view.op.version > support.max_version:
@@ -106,6 +106,11 @@ class RuleRegistry:
             if reason:
                 return reason
         return None
+
+
+def _refusals() -> dict:
+    """Operator name -> its spec's ``tpu_refusal`` (why it stays on the CPU)."""
+    return operator_table("tpu_refusal")
 
 
 def default_rules() -> RuleRegistry:

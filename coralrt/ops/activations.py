@@ -5,7 +5,7 @@ QUANTIZE, DEQUANTIZE, CAST."""
 from __future__ import annotations
 
 from coralrt.ops.checks import (
-    innermost_three, int8_only, requantize_only, softmax_vector, static_shapes,
+    gelu_refusal, innermost_three, int8_only, requantize_only, softmax_vector, static_shapes,
 )
 from coralrt.ops.spec import OpSpec, OpSupport
 
@@ -32,7 +32,8 @@ SPECS = (
                                      generic=(static_shapes, innermost_three)),
            sim=_SIM + "quantize", numpy_float=_FLOAT + "quantize"),
     OpSpec("DEQUANTIZE", numpy_float=_FLOAT + "dequantize", numpy_any=_FLOAT + "dequantize"),
-    OpSpec("GELU", numpy_float=_FLOAT + "gelu", numpy_8bit=_HOST + "gelu_8bit"),
+    OpSpec("GELU", tpu_refusal=gelu_refusal, numpy_float=_FLOAT + "gelu",
+           numpy_8bit=_HOST + "gelu_8bit"),
     OpSpec("ABS", numpy_float=_FLOAT + "abs_", numpy_8bit=_HOST + "abs_int8"),
     OpSpec("LEAKY_RELU", numpy_float=_FLOAT + "leaky_relu",
            numpy_8bit=_HOST + "leaky_relu_8bit"),

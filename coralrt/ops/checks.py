@@ -27,7 +27,7 @@ __all__ = [
     "mean_depth_multiple_of_4", "pad_not_on_batch", "prelu_alpha", "resize_precision",
     "softmax_vector", "unit_strides", "requantize_only", "int8_only", "lstm_types",
     "WIDTH_LIMIT", "WIDTH_LIMIT_GELU", "INPUT_WIDTH_LIMIT", "feeds_gelu", "width_limit",
-    "layer_width", "UNSUPPORTED_DETAILS",
+    "layer_width", "batch_matmul_refusal", "gelu_refusal", "table_lookup_refusal",
 ]
 
 # Status strings of edgetpu_compiler's operation log.
@@ -344,9 +344,10 @@ def layer_width(v: OpView) -> str | None:
 
 
 # -- why an operator the Edge TPU lacks stays on the CPU -----------------------
+# (what a spec's ``tpu_refusal`` adds to "Operation not supported")
 
 
-def _batch_matmul(v: OpView) -> str:
+def batch_matmul_refusal(v: OpView) -> str:
     if all(not t.is_constant for t in v.inputs[:2]):
         return ("both operands are activations, and the Edge TPU multiplies activations only "
                 "by constant weights (FULLY_CONNECTED, CONV_2D), so attention's products run "
@@ -354,12 +355,10 @@ def _batch_matmul(v: OpView) -> str:
     return "the Edge TPU multiplies by constant weights in FULLY_CONNECTED and CONV_2D only"
 
 
-#: Operator name -> what to add to "Operation not supported" for it.
-UNSUPPORTED_DETAILS: dict[str, Callable[[OpView], str]] = {
-    "BATCH_MATMUL": _batch_matmul,
-    "GELU": lambda v: ("the gelu rewrite (rewrites='auto') replaces it with I-GELU, an "
-                       "approximation built from operators the Edge TPU maps"),
-    "GATHER": lambda v: "table lookups run on the CPU; their output is an Edge TPU input",
-    "EMBEDDING_LOOKUP": lambda v: ("table lookups run on the CPU; their output is an Edge "
-                                   "TPU input"),
-}
+def gelu_refusal(v: OpView) -> str:
+    return ("the gelu rewrite (rewrites='auto') replaces it with I-GELU, an approximation "
+            "built from operators the Edge TPU maps")
+
+
+def table_lookup_refusal(v: OpView) -> str:
+    return "table lookups run on the CPU; their output is an Edge TPU input"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
-from coralrt.ops.checks import constant_operands, fc_default_weights, layer_width, same_dilation
+from coralrt.ops.checks import (
+    batch_matmul_refusal, constant_operands, fc_default_weights, layer_width, same_dilation,
+)
 from coralrt.ops.spec import OpSpec, OpSupport
 
 _SIM = "coralrt.sim.kernels.conv:"
@@ -50,5 +52,6 @@ SPECS = (
            tpu=OpSupport(9, (constant_operands(1, 2), fc_default_weights, layer_width)),
            macs=_fc_macs, latency_class="conv", sim=_SIM + "fully_connected",
            numpy_float="coralrt.backends.numpy_kernels:fully_connected"),
-    OpSpec("BATCH_MATMUL", numpy_any="coralrt.backends.numpy_matmul:batch_matmul"),
+    OpSpec("BATCH_MATMUL", tpu_refusal=batch_matmul_refusal,
+           numpy_any="coralrt.backends.numpy_matmul:batch_matmul"),
 )

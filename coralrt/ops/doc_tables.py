@@ -18,8 +18,8 @@ from coralrt.ops import builtin_specs, family_of
 
 __all__ = ["TABLES", "render", "tables_in", "update"]
 
-_BLOCK = re.compile(r"(<!-- ops-table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- ops-table end -->)",
-                    re.S)
+_BLOCK = re.compile(
+    r"(<!-- ops-table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- ops-table end -->)", re.S)
 
 
 def _where(spec) -> str:

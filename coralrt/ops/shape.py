@@ -1,11 +1,12 @@
 """Operators that move values without arithmetic: RESHAPE, SQUEEZE, EXPAND_DIMS,
 CONCATENATION, PACK, UNPACK, SPLIT, SPLIT_V, SLICE, STRIDED_SLICE, PAD,
-SPACE_TO_DEPTH, DEPTH_TO_SPACE, TRANSPOSE, TILE, GATHER, GATHER_ND."""
+SPACE_TO_DEPTH, DEPTH_TO_SPACE, TRANSPOSE, TILE, GATHER, GATHER_ND, EMBEDDING_LOOKUP."""
 
 from __future__ import annotations
 
 from coralrt.ops.checks import (
-    concat_constants, constant_operands, not_on_batch, pad_not_on_batch, unit_strides,
+    concat_constants, constant_operands, not_on_batch, pad_not_on_batch, table_lookup_refusal,
+    unit_strides,
 )
 from coralrt.ops.spec import NO_ACTIVATION, OpSpec, OpSupport
 
@@ -36,6 +37,7 @@ SPECS = (
     OpSpec("UNPACK", numpy_any=_INDEX + "unpack"),
     OpSpec("SPLIT_V", numpy_any=_INDEX + "split_v"),
     OpSpec("DEPTH_TO_SPACE", numpy_any=_INDEX + "depth_to_space"),
-    OpSpec("GATHER", numpy_any=_INDEX + "gather"),
+    OpSpec("GATHER", tpu_refusal=table_lookup_refusal, numpy_any=_INDEX + "gather"),
+    OpSpec("EMBEDDING_LOOKUP", tpu_refusal=table_lookup_refusal),
     OpSpec("GATHER_ND", numpy_any=_INDEX + "gather_nd"),
 )
