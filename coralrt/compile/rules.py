@@ -21,16 +21,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from coralrt.model.types import ACTIVATIONS
 from coralrt.ops import OpSupport, operator_table
 from coralrt.ops.checks import (
-    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION,
-    UNSUPPORTED_OP, UNSUPPORTED_TYPE, UNSUPPORTED_VERSION, Check, OpView, concat_constants,
-    constant_operands,
-    fc_default_weights, innermost_three, int8_only, layer_width, lstm_types,
-    mean_depth_multiple_of_4, not_on_batch, pad_not_on_batch, prelu_alpha, requantize_only,
-    resize_precision, same_dilation, softmax_vector, static_shapes, unit_strides)
-from coralrt.ops.spec import DEFAULT_ACTIVATIONS
-from coralrt.model.types import ACTIVATIONS
+    MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_OP, UNSUPPORTED_TYPE,
+    UNSUPPORTED_VERSION, Check, OpView,
+)
+from coralrt.ops.spec import DEFAULT_ACTIVATIONS  # noqa: F401 - its old home
 
 __all__ = [
     "UNSUPPORTED_OP", "UNSUPPORTED_TYPE", "UNSUPPORTED_VERSION", "UNSPECIFIED_LIMITATION",
