@@ -10,13 +10,13 @@ generic driver that partitions a model and calls a segment compiler is
 
 from __future__ import annotations
 
-from coralrt.compile.checks import OpView, layer_width
-from coralrt.ops import operator_table
 from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
 from coralrt.formats import segment_codec
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.model.types import Model
+from coralrt.ops import operator_table
+from coralrt.ops.checks import OpView, layer_width
 from coralrt.version import version as coralrt_version
 
 __all__ = ["NativeCompiler"]
@@ -42,7 +42,7 @@ class NativeCompiler:
 
 
 def _too_wide(piece: Model) -> dict[int, str]:
-    """Layers wider than edgetpu_compiler fits on chip (compile/checks.py
+    """Layers wider than edgetpu_compiler fits on chip (ops/checks.py
     ``layer_width``): the same limit as the support rules, kept here too so a
     segment planned with other rules (a plugin's) cannot hold one either."""
     sg = piece.main

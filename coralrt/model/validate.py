@@ -29,10 +29,10 @@ from coralrt.errors import ModelError
 from coralrt.model.custom_options import check_known_custom_op
 from coralrt.model.op_checks import MAX_RANK
 from coralrt.model.optional_inputs import check_omitted_inputs
-from coralrt.ops import builtin_specs
 from coralrt.model.quant_checks import check_kernel_quantization
 from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Operator, Subgraph, Tensor, \
     packed_size
+from coralrt.ops import builtin_specs
 
 __all__ = ["validate"]
 
