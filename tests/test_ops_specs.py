@@ -110,3 +110,24 @@ def test_an_unknown_fused_activation_is_refused_everywhere():
     with pytest.raises(ModelError, match="fused activation function 4 is not supported"):
         fused_bounds(4, op_name="CONV_2D")
     assert fused_bounds(3, op_name="CONV_2D") == (0.0, 6.0)
+
+
+def test_a_plugin_spec_adds_to_coralrts_rules_and_wins_over_a_builtin_spec():
+    from coralrt.compile.rules import OpSupport, OpView
+    from coralrt.plugins.registry import BUILTIN, OpRegistry
+    bare = OpRegistry()
+    bare.for_plugin("acme").add_spec(OpSpec("ZEROS_LIKE", tpu=OpSupport(1)))
+    rules = bare.rules()
+    assert "ZEROS_LIKE" in rules and "CONV_2D" in rules      # coralrt's table stays
+    assert bare.fingerprint() == [["ZEROS_LIKE", "v1:['NONE', 'RELU', 'RELU6', "
+                                                 "'RELU_N1_TO_1']:"]]
+    ops = PluginHost([]).ops
+    ops.for_plugin("acme").add_spec(OpSpec("ADD", tpu=OpSupport(4, (lambda v: "acme: no",))))
+    assert ops.specs["ADD"].plugin == "acme" and ops.specs["MUL"].plugin == BUILTIN
+    model = ModelBuilder()
+    x = model.input("x", (1, 4, 4, 8), np.int8, scale=0.1, zero_point=0)
+    y = model.tensor("y", (1, 4, 4, 8), np.int8, scale=0.1, zero_point=0)
+    model.op("ADD", [x, x], [y])
+    model.output(y)
+    sg = model.build().main
+    assert ops.rules().check(OpView(sg, sg.operators[0], 0)) == "acme: no"

@@ -178,17 +178,15 @@ class OpRegistry:
         return {name: e for name, e in self.specs.items() if not e.builtin}
 
     def rules(self) -> RuleRegistry:
-        """The Edge TPU rules of the registered specs (coralrt's own,
-        ``default_rules()``, when none was registered: a registry used without
-        the plugin host) with the plugins' operators: a plugin's support rule
-        for an operator coralrt has replaces coralrt's rule."""
-        if self.specs:
-            rules = RuleRegistry()
-            for name, entry in self.specs.items():
-                if entry.spec.tpu is not None:
-                    rules.add_op(name, replace(entry.spec.tpu))
-        else:
-            rules = default_rules()
+        """The Edge TPU rules of the registered specs (on top of coralrt's own,
+        ``default_rules()``, when coralrt's plugin registered none: a registry
+        used without the plugin host) with the plugins' operators: a plugin's
+        support rule for an operator coralrt has replaces coralrt's rule."""
+        builtins_registered = any(e.builtin for e in self.specs.values())
+        rules = RuleRegistry() if builtins_registered else default_rules()
+        for name, entry in self.specs.items():
+            if entry.spec.tpu is not None:
+                rules.add_op(name, replace(entry.spec.tpu))
         for name, op in self.tpu_ops.items():
             if name in rules:
                 log.debug("plugin %s replaces coralrt's Edge TPU rule for %s", op.plugin, name)
