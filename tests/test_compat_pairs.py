@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import MODELS_DIR, REPO_ROOT, extra_model_paths, model_params
 
-from coralrt.compile import compat as C
+from coralrt.compile import compat_rules as C
 from coralrt.compile import rules as R
 from coralrt.compile.pairs import (
     PairError, compare_models, compare_pair, compiler_mapping, find_pairs, plain_for,
@@ -96,7 +96,8 @@ def test_tile_maps_in_compat_mode_with_constant_multiples():
 
 
 def test_tile_stays_on_cpu_in_multi_mode():
-    # The simulated Edge TPU has no TILE kernel: multi mode keeps the table's rules.
+    # TILE is an observation of edgetpu_compiler (a compat rule): multi mode keeps
+    # the published table.
     op = placements(tile_model([1, 33, 33, 1]), "multi")[0]
     assert op.target == "cpu" and op.reason.startswith(R.UNSUPPORTED_OP)
 

@@ -188,3 +188,17 @@ def test_plugin_guide_covers_every_hook():
     for name in dir(hookspecs):
         if name.startswith("coralrt_"):
             assert f"## `{name}(" in text, f"docs/plugins.md has no section for {name}"
+
+
+def test_operator_tables_match_the_operator_specs():
+    """The docs' operator tables are generated from coralrt/ops; a spec change that
+    is not written back (``python -m coralrt.ops.doc_tables``) fails here."""
+    from coralrt.ops.doc_tables import TABLES, render, tables_in
+    seen = set()
+    for path in DOC_FILES:
+        for name, body in tables_in(path.read_text(encoding="utf-8")).items():
+            assert name in TABLES, f"{path.name}: unknown operator table {name!r}"
+            assert body == render(name), (f"{path.name}: the {name} table differs from the "
+                                          f"operator specs; run python -m coralrt.ops.doc_tables")
+            seen.add(name)
+    assert seen == set(TABLES), f"tables no page shows: {sorted(set(TABLES) - seen)}"

@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("coralrt.errors", "coralrt.formats.opnames"),           # 0: import nothing of coralrt
     ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs",  # 1
      "coralrt.wheels"),
-    ("coralrt.model",),                                        # 2
+    ("coralrt.model", "coralrt.ops"),                          # 2: ops: the operator specs, read
+                                                               #    by validation and every layer up
     ("coralrt.tensors",),                                      # 3
     ("coralrt.formats",),                                      # 4: segment format, memory plan, codec, DWN1
     ("coralrt.compile",),                                      # 5

@@ -6,20 +6,16 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 * 8-bit operators run on the simulated Edge TPU's integer kernels
   (:mod:`coralrt.sim.kernels`, driven by :class:`coralrt.sim.runner.SegmentRunner`),
   which reproduce TFLite's reference kernels (``BUILTIN_REF``) bit for bit.
-* Operators with a float32 (or float16) input or output run on the float
-  kernels of :mod:`coralrt.backends.numpy_kernels` (QUANTIZE, DEQUANTIZE,
-  RESHAPE, CONCATENATION, ADD, SUB, MUL, LOGISTIC, SOFTMAX, RELU, RELU6,
-  RELU_N1_TO_1, LEAKY_RELU, ABS, NEG, TANH, GELU, SQRT, DIV, MEAN,
-  FULLY_CONNECTED), and the SSD post-processing operator on
-  :mod:`coralrt.backends.numpy_detect`.  Float outputs match ``BUILTIN_REF``
-  within the tolerances stated there (most are bit-exact), integer outputs
-  exactly.
-* GATHER, GATHER_ND, UNPACK, SPLIT_V, DEPTH_TO_SPACE, CAST, FLOOR_DIV, ARG_MAX
-  and ARG_MIN (any type), and ADD, SUB, MUL of plain int32 or int64 tensors,
-  are in :mod:`coralrt.backends.numpy_index`; BATCH_MATMUL (float32, int8) in
-  :mod:`coralrt.backends.numpy_matmul`.  8-bit GELU, int8 ABS and 8-bit
-  LEAKY_RELU, which the Edge TPU does not have, are tables of 256 codes in
-  :mod:`coralrt.sim.kernels.host_only`, not registered for the simulator.
+* The other kernels are named by the operator specs (:mod:`coralrt.ops`):
+  ``numpy_any`` (any type, picked first: indexing and shape operators,
+  BATCH_MATMUL, the SSD post-processing operator), ``numpy_float`` (picked
+  when any input or output is float32 or float16), ``numpy_wide_int`` (ADD,
+  SUB, MUL of plain int32 or int64 tensors) and ``numpy_8bit`` (8-bit GELU,
+  int8 ABS and 8-bit LEAKY_RELU, which the Edge TPU does not have: tables of
+  256 codes in :mod:`coralrt.sim.kernels.host_only`).  Their libraries are
+  :mod:`coralrt.backends.numpy_kernels`, ``numpy_index``, ``numpy_matmul`` and
+  ``numpy_detect``.  Float outputs match ``BUILTIN_REF`` within the tolerances
+  stated there (most are bit-exact), integer outputs exactly.
 
 ``kernels="reference"`` and ``"optimized"`` run the same kernels.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
@@ -48,15 +44,13 @@ from ..formats.segment import (
 from ..model import load_model
 from ..model.shapes import inferred_shapes
 from ..model.types import CUSTOM, numpy_dtype, packed_size
+from ..ops import kernel_table
 from ..sim.kernels import kernel_for
-from ..sim.kernels.host_only import abs_int8, gelu_8bit, leaky_relu_8bit
 from ..sim.runner import SegmentRunner
 from ..version import version as coralrt_version
 from .base import CpuBackend, CpuProgram
-from .numpy_detect import DETECTION_POSTPROCESS, detection_postprocess
-from .numpy_index import ANY_TYPE_KERNELS, WIDE_INT_KERNELS, is_plain_wide_int
-from .numpy_kernels import FLOAT_KERNELS, is_float
-from .numpy_matmul import batch_matmul
+from .numpy_index import is_plain_wide_int
+from .numpy_kernels import is_float
 
 __all__ = ["NumpyBackend", "NumpyProgram"]
 
@@ -67,15 +61,22 @@ _CONTROL_FLOW = ("WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEH
 _OUTPUT_TAKES_INPUT_TYPE = ("ADD", "SUB")
 
 
-def _by_type(name: str, eight_bit):
-    """The float kernel of ``name`` on float tensors, ``eight_bit`` otherwise."""
-    return lambda ctx: (FLOAT_KERNELS[name] if is_float(ctx.inputs[0]) else eight_bit)(ctx)
+def _by_type(float_kernel, eight_bit):
+    """``float_kernel`` on float tensors, ``eight_bit`` otherwise."""
+    return lambda ctx: (float_kernel if is_float(ctx.inputs[0]) else eight_bit)(ctx)
 
 
-_OTHER_KERNELS = {**ANY_TYPE_KERNELS, "BATCH_MATMUL": batch_matmul,
-                  "GELU": _by_type("GELU", gelu_8bit), "ABS": _by_type("ABS", abs_int8),
-                  "LEAKY_RELU": _by_type("LEAKY_RELU", leaky_relu_8bit),
-                  DETECTION_POSTPROCESS: detection_postprocess}
+# The dispatch tables, from the operator specs' NumPy kernels (coralrt.ops),
+# built once at import (this module imports every kernel library anyway).
+#: float32/float16 tensors: picked over the simulated Edge TPU's 8-bit kernels.
+FLOAT_KERNELS = kernel_table("numpy_float")
+#: int32/int64 tensors without quantization.
+WIDE_INT_KERNELS = kernel_table("numpy_wide_int")
+#: Any type, picked first: the ``numpy_any`` kernels, and the 8-bit kernels of
+#: operators the simulated Edge TPU does not have, by type.
+_OTHER_KERNELS = {**kernel_table("numpy_any"),
+                  **{name: _by_type(FLOAT_KERNELS[name], eight_bit)
+                     for name, eight_bit in kernel_table("numpy_8bit").items()}}
 
 
 # -- the model as the runner sees it -------------------------------------------------------

@@ -23,12 +23,13 @@ import numpy as np
 
 from coralrt.errors import InferenceError
 from coralrt.model.types import numpy_dtype
+from coralrt.ops.fused import fused_bounds
 from coralrt.sim.kernels import OpContext
 from coralrt.sim.kernels.elementwise import refuse
 
 from .numpy_kernels import dequantize
 
-__all__ = ["ANY_TYPE_KERNELS", "WIDE_INT_KERNELS", "is_plain_wide_int"]
+__all__ = ["is_plain_wide_int"]
 
 _INDEX_TYPES = (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64))
 
@@ -49,8 +50,6 @@ def _out_of_range(op: str, idx: np.ndarray, n) -> None:
 
 
 _WIDE_INTS = (np.dtype(np.int32), np.dtype(np.int64))
-# The fused activations' integer ranges (CalculateActivationRange for int32/int64).
-_INT_ACTIVATION_BOUNDS = {0: None, 1: (0, None), 2: (-1, 1), 3: (0, 6)}
 
 
 def is_plain_wide_int(t) -> bool:
@@ -68,9 +67,12 @@ def _binary_int(fn):
             refuse(ctx, f"operands {a.type_name}, {b.type_name} and output {out.type_name} "
                          f"are not one type")
         code = int(ctx.params.get("fused_activation_function", 0) or 0)
-        if code not in _INT_ACTIVATION_BOUNDS:
-            refuse(ctx, f"fused activation {code} is not supported for integers")
-        bounds, shape = _INT_ACTIVATION_BOUNDS[code], tuple(out.shape)
+        # CalculateActivationRange for int32/int64: the same bounds, as integers.
+        bounds = tuple(None if b is None else int(b) for b in fused_bounds(
+            code, op_name=ctx.op.name,
+            message="fused activation {code} is not supported for integers"))
+        bounds = None if bounds == (None, None) else bounds
+        shape = tuple(out.shape)
         try:
             np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
         except ValueError:
@@ -237,20 +239,6 @@ def depth_to_space(ctx: OpContext):
     return run
 
 
-#: Kernels for operators whose tensors are all int32 or int64 without quantization.
-WIDE_INT_KERNELS = {
-    "ADD": _binary_int(np.add), "SUB": _binary_int(np.subtract),
-    "MUL": _binary_int(np.multiply),
-}
-
-#: Kernels for operators the simulated Edge TPU has none of, whatever their types.
-ANY_TYPE_KERNELS = {
-    "DEQUANTIZE": dequantize,
-    "ARG_MAX": arg_extreme, "ARG_MIN": arg_extreme,
-    "GATHER": gather, "GATHER_ND": gather_nd,
-    "UNPACK": unpack,
-    "CAST": cast,
-    "FLOOR_DIV": floor_div,
-    "SPLIT_V": split_v,
-    "DEPTH_TO_SPACE": depth_to_space,
-}
+# int32/int64 kernels made from one NumPy function; the operator specs
+# (coralrt.ops) name them and every other kernel of this module.
+add_int, sub_int, mul_int = (_binary_int(f) for f in (np.add, np.subtract, np.multiply))

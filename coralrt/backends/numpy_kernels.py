@@ -42,17 +42,15 @@ import math
 import numpy as np
 
 from coralrt.model.types import numpy_dtype
+from coralrt.ops.fused import fused_bounds
 from coralrt.sim.kernels import OpContext
 from coralrt.sim.kernels.elementwise import refuse
 from coralrt.sim.kernels.reduce import reduction_axes
 
-__all__ = ["FLOAT_KERNELS", "is_float", "quantize", "dequantize"]
+__all__ = ["is_float", "quantize", "dequantize"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
-
-# TFLite's fused activations (ActivationFunctionType) as float bounds.
-_ACTIVATION_BOUNDS = {0: None, 1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
 
 
 def is_float(t) -> bool:
@@ -71,10 +69,9 @@ def _require_float32(ctx: OpContext, *tensors) -> None:
 
 def _activation(ctx: OpContext):
     code = int(ctx.params.get("fused_activation_function", 0) or 0)
-    if code not in _ACTIVATION_BOUNDS:
-        refuse(ctx, f"fused activation {code} is not supported for float32")
-    bounds = _ACTIVATION_BOUNDS[code]
-    if bounds is None:
+    bounds = fused_bounds(code, op_name=ctx.op.name,
+                          message="fused activation {code} is not supported for float32")
+    if bounds == (None, None):
         return lambda x: x
     lo, hi = (np.float32(b) if b is not None else None for b in bounds)
     return lambda x: np.clip(x, lo, hi, out=x)
@@ -307,25 +304,11 @@ def softmax(ctx: OpContext):
     return run
 
 
-#: Kernels for operators whose tensors are float: picked over the 8-bit kernels of the
-#: simulated Edge TPU when any input or output of the operator is float32 or float16.
-FLOAT_KERNELS = {
-    "QUANTIZE": quantize,
-    "DEQUANTIZE": dequantize,
-    "RESHAPE": reshape, "SQUEEZE": reshape, "EXPAND_DIMS": reshape,
-    "CONCATENATION": concatenation,
-    "ADD": _binary(np.add), "SUB": _binary(np.subtract), "MUL": _binary(np.multiply),
-    "LOGISTIC": logistic,
-    "SOFTMAX": softmax,
-    "RELU": _elementwise(lambda x: np.maximum(x, np.float32(0))),
-    "RELU6": _elementwise(lambda x: np.clip(x, np.float32(0), np.float32(6))),
-    "RELU_N1_TO_1": _elementwise(lambda x: np.clip(x, np.float32(-1), np.float32(1))),
-    "ABS": _elementwise(np.abs), "NEG": _elementwise(np.negative),
-    "TANH": _elementwise(_tanh),
-    "MEAN": mean,
-    "FULLY_CONNECTED": fully_connected,
-    "DIV": _binary(np.divide),
-    "GELU": gelu,
-    "LEAKY_RELU": leaky_relu,
-    "SQRT": _elementwise(np.sqrt),
-}
+# Float kernels made from one NumPy function; the operator specs (coralrt.ops)
+# name them and every other kernel of this module.
+add, sub, mul, div = (_binary(f) for f in (np.add, np.subtract, np.multiply, np.divide))
+relu = _elementwise(lambda x: np.maximum(x, np.float32(0)))
+relu6 = _elementwise(lambda x: np.clip(x, np.float32(0), np.float32(6)))
+relu_n1_to_1 = _elementwise(lambda x: np.clip(x, np.float32(-1), np.float32(1)))
+abs_, neg, sqrt = (_elementwise(f) for f in (np.abs, np.negative, np.sqrt))
+tanh = _elementwise(_tanh)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from coralrt.formats.memplan import EDGETPU_ONCHIP_BYTES
 from coralrt.model.types import Operator, Subgraph
+from coralrt.ops import operator_table
 
 __all__ = ["CostModel", "macs_of", "op_macs", "ONCHIP_PARAMETER_BYTES"]
 
@@ -26,28 +27,25 @@ ONCHIP_PARAMETER_BYTES = EDGETPU_ONCHIP_BYTES
 
 
 def macs_of(name: str, options: dict, inputs: list, outputs: list) -> int:
-    """Multiply-accumulates of one operator (elementwise work counts 1 per element).
+    """Multiply-accumulates of one operator: its spec's ``macs`` formula
+    (:mod:`coralrt.ops`), or for operators without one (or when the formula
+    cannot tell, e.g. a weight operand of another rank), elementwise work: one
+    per element of the largest non-constant input or of the outputs.
 
     ``inputs``: per input ``(shape, is_constant)`` or None when omitted;
     ``outputs``: output shapes.
     """
+    formula = _formulas().get(name)
+    macs = formula(options, inputs, outputs) if formula is not None else None
+    if macs is not None:
+        return macs
     out_elems = sum(math.prod(s) for s in outputs)
-    w = inputs[1][0] if len(inputs) > 1 and inputs[1] is not None else None
-    if name == "CONV_2D" and w is not None and len(w) == 4:
-        return out_elems * w[1] * w[2] * w[3]
-    if name == "DEPTHWISE_CONV_2D" and w is not None and len(w) == 4:
-        return out_elems * w[1] * w[2]
-    if name == "TRANSPOSE_CONV" and w is not None and len(w) == 4 and inputs[2] is not None:
-        return math.prod(inputs[2][0]) * w[0] * w[1] * w[2]
-    if name == "FULLY_CONNECTED" and w is not None and len(w) == 2:
-        return out_elems * w[1]
-    if name in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
-        return out_elems * options.get("filter_width", 1) * options.get("filter_height", 1)
-    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and w is not None and len(w) == 2 and outputs:
-        steps = math.prod(outputs[0][:-1])
-        return steps * 4 * w[0] * (w[1] + w[0])
     act = [math.prod(x[0]) for x in inputs if x is not None and not x[1]]
     return max(out_elems, max(act, default=0))
+
+
+def _formulas() -> dict:
+    return operator_table("macs")
 
 
 def op_macs(sg: Subgraph, op: Operator) -> int:

@@ -11,12 +11,13 @@ segment loop that partitions a model and calls a segment compiler is
 from __future__ import annotations
 
 from coralrt.compile.base import Compiler
-from coralrt.compile.checks import OpView, layer_width
 from coralrt.errors import SegmentNotMapped
 from coralrt.formats import segment as seg_format
 from coralrt.formats import segment_codec
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.model.types import Model
+from coralrt.ops import operator_table
+from coralrt.ops.checks import OpView, layer_width
 from coralrt.version import version as coralrt_version
 
 __all__ = ["NativeCompiler"]
@@ -42,14 +43,21 @@ class NativeCompiler(Compiler):
 
 
 def _too_wide(piece: Model) -> dict[int, str]:
-    """Layers wider than edgetpu_compiler fits on chip (compile/checks.py
+    """Layers wider than edgetpu_compiler fits on chip (ops/checks.py
     ``layer_width``): the same limit as the support rules, kept here too so a
     segment planned with other rules (a plugin's) cannot hold one either."""
     sg = piece.main
     reasons = {}
+    limited = _width_limited()
     for i, op in enumerate(sg.operators):
-        if op.name in ("CONV_2D", "FULLY_CONNECTED"):
+        if op.name in limited:
             reason = layer_width(OpView(sg, op, i))
             if reason:
                 reasons[i] = reason
     return reasons
+
+
+def _width_limited() -> frozenset[str]:
+    """Operators whose spec's Edge TPU rule checks ``layer_width``."""
+    return frozenset(name for name, support in operator_table("tpu").items()
+                     if layer_width in support.checks)

@@ -3,7 +3,7 @@
 Two modes:
 
 ``compat`` reproduces edgetpu_compiler: one Edge TPU segment holding every
-supported operator (the rules plus :mod:`coralrt.compile.compat`'s) that can
+supported operator (the rules plus :mod:`coralrt.compile.compat_rules`') that can
 run before the CPU takes over.  A supported
 operator downstream of a CPU operator that itself follows TPU work stays on
 the CPU ("More than one subgraph is not supported").  CPU operators that
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from coralrt.compile.compat import compat_rules
+from coralrt.compile.compat_rules import compat_rules
 from coralrt.compile.costs import CostModel, op_macs
 from coralrt.errors import ConfigError
 from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, OpView, RuleRegistry, default_rules

@@ -2,10 +2,10 @@
 
 Every operator the Edge TPU can run has an :class:`OpSupport` entry: its
 highest supported version, the fused activations it accepts and a tuple of
-small named checks.  The checks, the :class:`OpView` they take and the
-statuses their reasons start with live in :mod:`coralrt.compile.checks`
-(re-exported here); this module holds the table and the registry that
-applies it.
+small named checks.  The entries are the ``tpu`` fields of the operator specs
+(:mod:`coralrt.ops`); the checks, the :class:`OpView` they take and the
+statuses their reasons start with live in :mod:`coralrt.ops.checks`
+(re-exported here).  This module holds the registry that applies them.
 
 Sources: the Edge TPU operation table and model requirements published by
 Coral (coral.ai/docs/edgetpu/models-intro), and what edgetpu_compiler did on
@@ -19,16 +19,15 @@ is an if-chain over operator names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from coralrt.compile.checks import (
-    GENERIC_CHECKS, MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_DETAILS,
-    UNSUPPORTED_OP, UNSUPPORTED_TYPE, UNSUPPORTED_VERSION, Check, OpView, concat_constants,
-    constant_operands,
-    fc_default_weights, innermost_three, int8_only, layer_width, lstm_types,
-    mean_depth_multiple_of_4, not_on_batch, pad_not_on_batch, prelu_alpha, requantize_only,
-    resize_precision, same_dilation, softmax_vector, static_shapes, unit_strides)
 from coralrt.model.types import ACTIVATIONS
+from coralrt.ops import OpSupport, operator_table
+from coralrt.ops.checks import (
+    MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION, UNSUPPORTED_OP, UNSUPPORTED_TYPE,
+    UNSUPPORTED_VERSION, Check, OpView,
+)
+from coralrt.ops.spec import DEFAULT_ACTIVATIONS  # noqa: F401 - its old home
 
 __all__ = [
     "UNSUPPORTED_OP", "UNSUPPORTED_TYPE", "UNSUPPORTED_VERSION", "UNSPECIFIED_LIMITATION",
@@ -36,21 +35,12 @@ __all__ = [
 ]
 
 # Bump when a rule changes what maps, so cached compilations are redone
-# (3: compat mode's rules, compile/compat.py; 4: layer width limits).
+# (3: compat mode's rules, compile/compat_rules.py; 4: layer width limits).
 RULES_VERSION = 4
 
 
-# -- the table ----------------------------------------------------------------
-
-DEFAULT_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
-
-
-@dataclass
-class OpSupport:
-    max_version: int
-    checks: tuple[Check, ...] = ()
-    activations: frozenset = DEFAULT_ACTIVATIONS
-    generic: tuple[Check, ...] = GENERIC_CHECKS
+# OpSupport (coralrt.ops.spec) and DEFAULT_ACTIVATIONS are re-exported: plugins
+# build their rules with ``coralrt.compile.rules.OpSupport``.
 
 
 class RuleRegistry:
@@ -82,7 +72,7 @@ class RuleRegistry:
         support = self._ops.get(view.name)
         if support is None:
             kind = "custom operator" if view.op.opcode.is_custom else "operator"
-            detail = UNSUPPORTED_DETAILS.get(view.name)
+            detail = _refusals().get(view.name)
             more = f"; {detail(view)}" if detail is not None else ""
             return f"{UNSUPPORTED_OP}: the Edge TPU has no {view.name} {kind}{more}"
         if view.op.version > support.max_version:
@@ -115,45 +105,15 @@ class RuleRegistry:
         return None
 
 
-_NONE = frozenset({"NONE"})
+def _refusals() -> dict:
+    """Operator name -> its spec's ``tpu_refusal`` (why it stays on the CPU)."""
+    return operator_table("tpu_refusal")
 
 
 def default_rules() -> RuleRegistry:
-    """The Edge TPU's operator table (fresh registry, safe to extend)."""
+    """The Edge TPU's operator table: the ``tpu`` rule of every operator spec
+    (fresh registry, safe to extend)."""
     r = RuleRegistry()
-    for name in ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"):
-        r.add_op(name, OpSupport(max_version=4))
-    # TFLite implements these two for int8 only.
-    r.add_op("SQUARED_DIFFERENCE", OpSupport(2, (int8_only,)))
-    r.add_op("RSQRT", OpSupport(3, (int8_only,)))
-    for name in ("LOGISTIC", "TANH", "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH",
-                 "L2_NORMALIZATION", "SQUEEZE", "EXPAND_DIMS", "RESHAPE",
-                 "SPACE_TO_DEPTH", "TRANSPOSE"):
-        r.add_op(name, OpSupport(max_version=3))
-    r.add_op("CONV_2D", OpSupport(5, (constant_operands(1, 2), same_dilation, layer_width)))
-    r.add_op("DEPTHWISE_CONV_2D", OpSupport(6, (constant_operands(1, 2), same_dilation)))
-    r.add_op("TRANSPOSE_CONV", OpSupport(3, (constant_operands(0, 1, 3),)))
-    r.add_op("FULLY_CONNECTED", OpSupport(9, (constant_operands(1, 2), fc_default_weights,
-                                              layer_width)))
-    r.add_op("AVERAGE_POOL_2D", OpSupport(3, activations=_NONE))
-    r.add_op("MAX_POOL_2D", OpSupport(3, activations=_NONE))
-    r.add_op("CONCATENATION", OpSupport(3, (concat_constants,), activations=_NONE))
-    r.add_op("MEAN", OpSupport(3, (not_on_batch(axis_input=1), mean_depth_multiple_of_4)))
-    r.add_op("SUM", OpSupport(3, (not_on_batch(axis_input=1),)))
-    r.add_op("REDUCE_MAX", OpSupport(3, (not_on_batch(axis_input=1),)))
-    r.add_op("REDUCE_MIN", OpSupport(3, (not_on_batch(axis_input=1),)))
-    r.add_op("PACK", OpSupport(3, (not_on_batch(option="axis"),)))
-    r.add_op("SPLIT", OpSupport(4, (not_on_batch(axis_input=0),)))
-    r.add_op("SLICE", OpSupport(5, (constant_operands(1, 2),)))
-    r.add_op("STRIDED_SLICE", OpSupport(6, (constant_operands(1, 2, 3), unit_strides)))
-    r.add_op("PAD", OpSupport(4, (pad_not_on_batch,)))
-    r.add_op("PRELU", OpSupport(2, (prelu_alpha,)))
-    r.add_op("RESIZE_BILINEAR", OpSupport(4, (constant_operands(1), resize_precision)))
-    r.add_op("RESIZE_NEAREST_NEIGHBOR", OpSupport(4, (constant_operands(1), resize_precision)))
-    r.add_op("SOFTMAX", OpSupport(3, (softmax_vector,)))
-    r.add_op("QUANTIZE", OpSupport(3, (requantize_only,), generic=(static_shapes, innermost_three)))
-    r.add_op("UNIDIRECTIONAL_SEQUENCE_LSTM", OpSupport(
-        4, (constant_operands(*range(1, 12)),),
-        activations=frozenset({"NONE", "RELU", "RELU6", "TANH", "SIGN_BIT"}),
-        generic=(static_shapes, innermost_three, lstm_types)))
+    for name, support in operator_table("tpu").items():
+        r.add_op(name, replace(support))
     return r

@@ -3,7 +3,8 @@ trust their operands (found by fuzzing LiteRT with damaged real models).
 
 Each check takes the subgraph, the operator and a place name, and raises
 :class:`~coralrt.errors.ModelError` when the operator cannot be prepared
-safely.  As in validate.py, each comment says whether LiteRT crashes on
+safely.  The operator specs (:mod:`coralrt.ops`, their ``validate`` field)
+say which check guards which operator.  As in validate.py, each comment says whether LiteRT crashes on
 what the check refuses (and where), refuses it too, or would run it without
 a right answer (or coralrt depends on it).
 """
@@ -17,7 +18,8 @@ import numpy as np
 from coralrt.errors import ModelError
 from coralrt.model.types import Operator, Subgraph, Tensor
 
-__all__ = ["MAX_RANK", "check_builtin_op"]
+__all__ = ["MAX_RANK", "reshape", "fully_connected", "concatenation", "integer_lstm",
+           "sequence_lstm", "broadcast_rank", "same_shape", "broadcast"]
 
 # The most dimensions a NumPy array holds (NPY_MAXDIMS: 32 before NumPy 2,
 # 64 since); coralrt and LiteRT's Python API hold tensors in NumPy arrays.
@@ -154,7 +156,7 @@ def _reshape_resolves(in_shape, target: list[int]) -> bool:
     return n_out == n_in
 
 
-def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
+def reshape(sg: Subgraph, op: Operator, where: str) -> None:
     # LiteRT refuses too: reshape.cc takes one or two inputs.
     if not op.inputs or op.inputs[0] < 0 or not op.outputs or len(op.inputs) > 2:
         raise ModelError("RESHAPE needs an input (and at most a shape operand) and an "
@@ -176,7 +178,7 @@ def _reshape(sg: Subgraph, op: Operator, where: str) -> None:
                          where=where)
 
 
-def _fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
+def fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
     if len(op.inputs) < 2 or min(op.inputs[:2]) < 0 or not op.outputs:
         raise ModelError("FULLY_CONNECTED needs an input, weights and an output", where=where)
     x, w = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[1]]
@@ -205,7 +207,7 @@ def _fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
                          f"{units}x{depth} weights give {batch * units}", where=where)
 
 
-def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
+def sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
     if len(op.inputs) < 20 or op.inputs[0] < 0 or op.inputs[18] < 0 or not op.outputs:
         raise ModelError("UNIDIRECTIONAL_SEQUENCE_LSTM needs 20+ inputs with an input and an "
                          "output state", where=where)
@@ -238,7 +240,7 @@ def _sequence_lstm(sg: Subgraph, op: Operator, where: str) -> None:
             qs.params != qo.params):
         raise ModelError("UNIDIRECTIONAL_SEQUENCE_LSTM output state and output must share "
                          "their quantization", where=where)
-    _integer_lstm(sg, op, where)
+    integer_lstm(sg, op, where)
 
 
 def _zero_point(sg: Subgraph, i: int) -> int:
@@ -246,7 +248,7 @@ def _zero_point(sg: Subgraph, i: int) -> int:
     return int(q.zero_point[0]) if q is not None and q.zero_point.size else 0
 
 
-def _integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
+def integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
     # With INT8 activations the kernel precomputes zero_point * weights + bias
     # at prepare time (PopulatePrecomputedZPTimesWeightsWithBias), before any
     # tensor but a constant has memory: a non-constant operand it reads there
@@ -272,7 +274,7 @@ def _integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
                                      f"kernel reads it before the model runs", where=where)
 
 
-def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
+def same_shape(sg: Subgraph, op: Operator, where: str) -> None:
     # coralrt: LiteRT's kernels size their output from the input at prepare
     # time (so LiteRT itself runs a file whose declared shape disagrees), but
     # coralrt's partitioner and simulator plan every later operator from the
@@ -285,19 +287,16 @@ def _same_shape(sg: Subgraph, op: Operator, where: str) -> None:
                          f"{list(a)}", where=where)
 
 
-# Broadcasting binary operators, and those of them (per input type) that run
+# The binary operators that broadcast are those whose spec names broadcast_rank
+# or broadcast (coralrt/ops/litert.py); those of them (per input type) that run
 # a broadcast of any rank when the shapes differ only by leading 1s (their
-# kernels compare the shapes padded to one rank first and find no broadcast).
-_BROADCASTING = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE",
-                 "FLOOR_DIV", "FLOOR_MOD", "POW", "EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL",
-                 "GREATER", "GREATER_EQUAL", "PRELU", "LOGICAL_AND", "LOGICAL_OR",
-                 "RIGHT_SHIFT", "BITWISE_XOR")
+# kernels compare the shapes padded to one rank first and find no broadcast):
 _PADDED_RANK_OK = {"MUL": None, "ADD": ("INT32",), "SUB": ("FLOAT32", "INT32"),
                    "DIV": ("FLOAT32", "INT32")}   # op -> input types that still abort
 _MAX_BROADCAST_RANK = 8
 
 
-def _broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
+def broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
     # Crash: the broadcasting loops (internal/reference/broadcast_loop.h,
     # BroadcastBinaryOpSimple, and the kernels built on it) abort with
     # TFLITE_CHECK_LE(dims_count, kMaxRank = 8) when the inputs' shapes differ
@@ -321,10 +320,10 @@ def _broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
                      f"above rank {_MAX_BROADCAST_RANK}", where=where)
 
 
-def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
+def broadcast(sg: Subgraph, op: Operator, where: str) -> None:
     if len(op.inputs) != 2 or min(op.inputs) < 0 or not op.outputs:
         raise ModelError(f"{op.name} needs two inputs and an output", where=where)
-    _broadcast_rank(sg, op, where)
+    broadcast_rank(sg, op, where)
     a, b = (sg.tensors[i].shape for i in op.inputs)
     # LiteRT refuses too ("Given shapes ... are not broadcastable").
     try:
@@ -332,15 +331,15 @@ def _broadcast(sg: Subgraph, op: Operator, where: str) -> None:
     except ValueError:
         raise ModelError(f"{op.name} input shapes {list(a)} and {list(b)} do not broadcast",
                          where=where) from None
-    # coralrt: as for _same_shape, the declared output must be what the kernel makes.
+    # coralrt: as for same_shape, the declared output must be what the kernel makes.
     out = sg.tensors[op.outputs[0]].shape
     if out != want:
         raise ModelError(f"{op.name} output shape {list(out)} is not the broadcast shape "
                          f"{list(want)} of its inputs", where=where)
 
 
-def _concatenation(sg: Subgraph, op: Operator, where: str) -> None:
-    # coralrt, like _same_shape: the kernel sizes its output from the inputs,
+def concatenation(sg: Subgraph, op: Operator, where: str) -> None:
+    # coralrt, like same_shape: the kernel sizes its output from the inputs,
     # so a declared output of another size misplans every later operator (the
     # simulated Edge TPU ran a segment built on the declared sizes and never
     # answered; found by fuzzing).
@@ -359,23 +358,3 @@ def _concatenation(sg: Subgraph, op: Operator, where: str) -> None:
     if out != want:
         raise ModelError(f"CONCATENATION output shape {list(out)} is not {list(want)}, the "
                          f"concatenation of its inputs along axis {axis}", where=where)
-
-
-_SAME_SHAPE = ("QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1",
-               "LOGISTIC", "TANH", "HARD_SWISH", "SOFTMAX", "LOG_SOFTMAX", "L2_NORMALIZATION",
-               "ABS", "NEG", "RSQRT", "SQRT", "EXP", "LOG", "ELU", "LEAKY_RELU", "GELU",
-               "FLOOR", "CEIL", "ROUND", "SIN", "COS", "SQUARE", "SIGN", "CAST")
-_BROADCAST = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE",
-              "FLOOR_DIV", "FLOOR_MOD", "POW")
-
-_CHECKS = {"RESHAPE": _reshape, "FULLY_CONNECTED": _fully_connected,
-           "CONCATENATION": _concatenation, "LSTM": _integer_lstm,
-           "UNIDIRECTIONAL_SEQUENCE_LSTM": _sequence_lstm,
-           **dict.fromkeys(_BROADCASTING, _broadcast_rank),
-           **dict.fromkeys(_SAME_SHAPE, _same_shape), **dict.fromkeys(_BROADCAST, _broadcast)}
-
-
-def check_builtin_op(sg: Subgraph, op: Operator, where: str) -> None:
-    check = _CHECKS.get(op.name)
-    if check is not None:
-        check(sg, op, where)

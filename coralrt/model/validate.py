@@ -27,11 +27,12 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt.model.custom_options import check_known_custom_op
-from coralrt.model.op_checks import MAX_RANK, check_builtin_op
+from coralrt.model.op_checks import MAX_RANK
 from coralrt.model.optional_inputs import check_omitted_inputs
 from coralrt.model.quant_checks import check_kernel_quantization
 from coralrt.model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Operator, Subgraph, Tensor, \
     packed_size
+from coralrt.ops import builtin_specs
 
 __all__ = ["validate"]
 
@@ -134,7 +135,9 @@ def _check_operator(sg: Subgraph, oi: int, op: Operator, where: str,
         check_known_custom_op(sg, op, owhere)
     else:
         check_kernel_quantization(sg, op, owhere, types)
-        check_builtin_op(sg, op, owhere)
+        spec = builtin_specs().get(op.name)
+        if spec is not None and spec.validate is not None:
+            spec.validate(sg, op, owhere)   # the operator's structural check (op_checks)
     _check_subgraph_references(op, len(subgraphs), owhere)
 
 

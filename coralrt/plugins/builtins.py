@@ -1,4 +1,4 @@
-"""coralrt's own compiler, device, rewrites and step runner, registered as a plugin.
+"""coralrt's own operators, compiler, device, rewrites and step runner, registered as a plugin.
 
 Registered under the name ``coralrt.builtins``
 (:data:`coralrt.plugins.registry.BUILTIN`): any other plugin's compiler,
@@ -17,6 +17,15 @@ from coralrt.plugins.hookspecs import hookimpl
 # driver (about 100 ms), which the cpu target never uses.
 
 log = logging.getLogger("coralrt.plugins")
+
+
+@hookimpl
+def coralrt_register_ops(registry) -> None:
+    # The operator specs (coralrt/ops); their kernels are imported when a
+    # table that runs them is built, not here.
+    from coralrt.ops import builtin_specs
+    for spec in builtin_specs().values():
+        registry.add_spec(spec)
 
 
 @hookimpl

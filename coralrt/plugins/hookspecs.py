@@ -81,7 +81,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def coralrt_register_ops(registry: OpRegistration) -> None:
-    """Provide operators: CPU kernels and, optionally, Edge TPU support.
+    """Provide operators: operator specs, CPU kernels and, optionally, Edge TPU support.
 
     :param registry: this plugin's view of the operator registry
         (:class:`coralrt.plugins.registry.OpRegistration`; ``registry.plugin``
@@ -104,11 +104,19 @@ def coralrt_register_ops(registry: OpRegistration) -> None:
         operator Edge TPU-compatible for the simulated device: ``support`` is
         a :class:`coralrt.compile.rules.OpSupport` (its checks decide, per
         operator, whether it maps; for an operator coralrt's table already
-        has, it replaces coralrt's rule), ``kernel_factory`` an integer kernel
-        in the simulated Edge TPU's form (see ``coralrt/sim/kernels/__init__.py``).
+        has, it replaces coralrt's rule), ``kernel_factory`` a *sim kernel*:
+        an integer kernel factory ``factory(OpContext) -> run(inputs)`` in the
+        simulated Edge TPU's form (see ``coralrt/sim/kernels/__init__.py``),
+        not a CPU kernel ``fn(inputs, OpInfo)``.
 
-        A kernel or Edge TPU operator wins over one from ``coralrt.builtins``;
-        two other plugins providing the same name raise ``ConfigError``.
+        ``registry.add_spec(spec)`` registers a whole
+        :class:`coralrt.ops.OpSpec` (its ``tpu`` rule and ``sim`` kernel);
+        coralrt's own operators come through this hook this way
+        (``coralrt/plugins/builtins.py``).
+
+        An operator spec, kernel or Edge TPU operator wins over one from
+        ``coralrt.builtins``; two other plugins providing the same name raise
+        ``ConfigError``.
     :returns: nothing; all results go through ``registry``.
     """
 

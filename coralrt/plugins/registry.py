@@ -1,4 +1,4 @@
-"""What plugins register: operator kernels and Edge TPU rules, compilers, devices.
+"""What plugins register: operator specs, CPU kernels and Edge TPU rules, compilers, devices.
 
 Every entry records the plugin that registered it.  Precedence is this
 module's rule, not the order in which pluggy calls the plugins:
@@ -7,8 +7,8 @@ module's rule, not the order in which pluggy calls the plugins:
   (:data:`BUILTIN`, ``coralrt/plugins/builtins.py``), whichever came first;
 - two entries of the same rank for the same thing (two third-party plugins,
   or one plugin twice) are a :class:`~coralrt.errors.ConfigError` naming
-  both plugins.  "The same thing" is an operator name (CPU kernel, Edge TPU
-  operator), a device kind (device factory; a compiler's ``runs_on`` kinds)
+  both plugins.  "The same thing" is an operator name (operator spec, CPU
+  kernel, Edge TPU operator), a device kind (device factory; a compiler's ``runs_on`` kinds)
   or a compiler id.
 
 A registration hook receives a *view* of a registry (``registry.for_plugin(name)``),
@@ -27,11 +27,12 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coralrt import config
 from coralrt.compile.rules import OpSupport, RuleRegistry, default_rules
 from coralrt.errors import ConfigError, InferenceError, PluginError
+from coralrt.ops import OpSpec, resolve
 from coralrt.runtime.info import OpInfo
 
 __all__ = ["BUILTIN", "UNNAMED", "OpInfo", "CpuKernel", "OpRegistry", "CompilerRegistry",
@@ -120,6 +121,13 @@ class _Kernel:
 
 
 @dataclass(frozen=True)
+class _Spec:
+    spec: OpSpec
+    plugin: str
+    builtin: bool
+
+
+@dataclass(frozen=True)
 class _TpuOp:
     support: OpSupport
     kernel_factory: Callable
@@ -140,6 +148,7 @@ class OpRegistry:
     def __init__(self) -> None:
         self.kernels: dict[str, _Kernel] = {}
         self.tpu_ops: dict[str, _TpuOp] = {}
+        self.specs: dict[str, _Spec] = {}
 
     def for_plugin(self, plugin: str) -> OpRegistration:
         """The view the ``coralrt_register_ops`` hook of ``plugin`` receives."""
@@ -168,11 +177,33 @@ class OpRegistry:
                                         _TpuOp(support, kernel_factory, plugin,
                                                plugin == BUILTIN))
 
+    def add_spec(self, spec: OpSpec, *, plugin: str = UNNAMED) -> None:
+        """An operator spec (:class:`coralrt.ops.OpSpec`) from ``plugin``: its Edge
+        TPU rule (``tpu``) and sim kernel (``sim``).  coralrt's own operators
+        come this way too (``coralrt/plugins/builtins.py``)."""
+        if not isinstance(spec, OpSpec):
+            raise ConfigError(f"an operator spec must be an OpSpec, not {type(spec).__name__}")
+        _check_name("operator name", spec.name)
+        if spec.tpu is not None and not isinstance(spec.tpu, OpSupport):
+            raise ConfigError(f"support for {spec.name!r} must be an OpSupport, not "
+                              f"{type(spec.tpu).__name__}")
+        self.specs[spec.name] = _prefer(f"an operator spec for {spec.name!r}",
+                                        self.specs.get(spec.name),
+                                        _Spec(spec, plugin, plugin == BUILTIN))
+
+    def _plugin_specs(self) -> dict[str, _Spec]:
+        return {name: e for name, e in self.specs.items() if not e.builtin}
+
     def rules(self) -> RuleRegistry:
-        """coralrt's Edge TPU rules (``default_rules()``) with the plugins' operators:
-        a plugin's support rule for an operator the table already has replaces
-        the table's rule."""
-        rules = default_rules()
+        """The Edge TPU rules of the registered specs (on top of coralrt's own,
+        ``default_rules()``, when coralrt's plugin registered none: a registry
+        used without the plugin host) with the plugins' operators: a plugin's
+        support rule for an operator coralrt has replaces coralrt's rule."""
+        builtins_registered = any(e.builtin for e in self.specs.values())
+        rules = RuleRegistry() if builtins_registered else default_rules()
+        for name, entry in self.specs.items():
+            if entry.spec.tpu is not None:
+                rules.add_op(name, replace(entry.spec.tpu))
         for name, op in self.tpu_ops.items():
             if name in rules:
                 log.debug("plugin %s replaces coralrt's Edge TPU rule for %s", op.plugin, name)
@@ -185,9 +216,12 @@ class OpRegistry:
         kernel raises an ``InferenceError``, each naming the operator and the
         plugin (the simulated stick reports the message; the original
         exception stays on the host side of its USB boundary)."""
-        return {name: op.kernel_factory if op.builtin else
-                _guarded_factory(name, op.kernel_factory, op.plugin)
-                for name, op in self.tpu_ops.items()}
+        kernels = {name: _guarded_factory(name, resolve(e.spec.sim), e.plugin)
+                   for name, e in self._plugin_specs().items() if e.spec.sim is not None}
+        kernels.update({name: op.kernel_factory if op.builtin else
+                        _guarded_factory(name, op.kernel_factory, op.plugin)
+                        for name, op in self.tpu_ops.items()})
+        return kernels
 
     def merge(self, other: OpRegistry) -> None:
         """Add every entry of ``other``, each as the plugin that registered it."""
@@ -195,15 +229,23 @@ class OpRegistry:
             self.add_kernel(name, k.fn, plugin=k.plugin)
         for name, op in other.tpu_ops.items():
             self.add_tpu_op(name, op.support, op.kernel_factory, plugin=op.plugin)
+        for entry in other.specs.values():
+            self.add_spec(entry.spec, plugin=entry.plugin)
 
     def summary(self) -> dict[str, list[str]]:
         """``operators``: names with a CPU kernel; ``rules``: names declared
         Edge TPU-compatible (a support rule and a simulated Edge TPU kernel)."""
-        return {"operators": sorted(self.kernels), "rules": sorted(self.tpu_ops)}
+        rules = set(self.tpu_ops) | {name for name, e in self._plugin_specs().items()
+                                     if e.spec.tpu is not None}
+        return {"operators": sorted(self.kernels), "rules": sorted(rules)}
 
     def fingerprint(self) -> list:
-        """What changes the partition: plugin TPU operators (part of the cache key)."""
-        return sorted([name, self._describe(op.support)] for name, op in self.tpu_ops.items())
+        """What changes the partition: plugin TPU operators and the Edge TPU rules of
+        plugin specs (part of the cache key; coralrt's own are RULES_VERSION's)."""
+        described = {name: self._describe(e.spec.tpu) for name, e in self._plugin_specs().items()
+                     if e.spec.tpu is not None}
+        described.update({name: self._describe(op.support) for name, op in self.tpu_ops.items()})
+        return sorted([name, d] for name, d in described.items())
 
     @staticmethod
     def _describe(support: OpSupport) -> str:
@@ -234,6 +276,10 @@ class OpRegistration(_Registration):
     def add_tpu_op(self, op_name: str, support: OpSupport, kernel_factory: Callable) -> None:
         """Declare ``op_name`` Edge TPU-compatible (simulated device) with its integer kernel."""
         self._registry.add_tpu_op(op_name, support, kernel_factory, plugin=self.plugin)
+
+    def add_spec(self, spec: OpSpec) -> None:
+        """An operator spec (:class:`coralrt.ops.OpSpec`): Edge TPU rule and sim kernel."""
+        self._registry.add_spec(spec, plugin=self.plugin)
 
 
 # -- compilers -------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ MobileNet v1 224 = 2.4 ms with 551.5 M convolution and 17.3 M depthwise MACs
 in 31 operators; MobileNet v2 224 = 2.6 ms with 280.1 M and 20.7 M in 66
 operators): convolutions run at about 40 % of peak, depthwise convolutions at
 about 1.1 % (a 3x3 depthwise filter keeps little of the systolic array busy).
-Everything else counts its elements at the depthwise rate.  These are
+Everything else counts its elements at the depthwise rate.  Which operator is
+which is its spec's ``latency_class`` (:mod:`coralrt.ops`).  These are
 estimates for planning and for comparing placements, not measurements.
 """
 
@@ -31,10 +32,15 @@ from dataclasses import dataclass, field
 from coralrt.compile.costs import macs_of
 from coralrt.formats.memplan import EDGETPU_ONCHIP_BYTES
 from coralrt.formats.segment import Segment
+from coralrt.ops import operator_table
 
-__all__ = ["USB_RATES", "LatencyModel", "SegmentEstimate"]
+__all__ = ["USB_RATES", "LATENCY_CLASS_EFFICIENCY", "LatencyModel", "SegmentEstimate"]
 
 USB_RATES = {"usb3": 350e6, "usb2": 35e6}
+
+#: Fraction of peak by an operator spec's ``latency_class`` (coralrt.ops);
+#: "other" is ``LatencyModel.other_efficiency``.
+LATENCY_CLASS_EFFICIENCY = {"conv": 0.403, "depthwise": 0.0109}
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,8 @@ class LatencyModel:
     usb: str = "usb3"
     peak_macs_per_second: float = 2e12
     efficiency: dict = field(default_factory=lambda: {
-        "CONV_2D": 0.403, "FULLY_CONNECTED": 0.403, "TRANSPOSE_CONV": 0.403,
-        "DEPTHWISE_CONV_2D": 0.0109,
-    })
+        name: LATENCY_CLASS_EFFICIENCY[cls]
+        for name, cls in operator_table("latency_class").items() if cls != "other"})
     other_efficiency: float = 0.0109
     invoke_seconds: float = 0.15e-3
     per_op_seconds: float = 5e-6

@@ -1,13 +1,16 @@
-"""Integer kernels of the simulated Edge TPU, one operator family per module.
+"""Integer kernels of the simulated Edge TPU ("sim kernels"), one operator family per module.
 
-A kernel is a factory registered under the operator's name::
+A sim kernel is a factory that an operator's spec names (its ``sim`` field,
+:mod:`coralrt.ops`)::
 
-    @register("ADD")
     def add(ctx: OpContext) -> Run:
         ...                       # everything that depends only on the segment
         def run(inputs):          # inputs: list of arrays (None for omitted ones)
             return [out]          # one array per operator output
         return run
+
+(A plugin's CPU kernel, ``fn(inputs, OpInfo)``, is another thing: it runs a
+whole step outside any segment.)
 
 The factory runs once when a segment is loaded (the "parameter upload"), so
 it precomputes multipliers, weight layouts and lookup tables; ``run`` is the
@@ -24,7 +27,6 @@ formats, compile, and the rest of sim (not sim.stick).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ import numpy as np
 from coralrt.errors import ModelError
 from coralrt.formats.segment import SegmentOp, SegmentTensor
 from coralrt.model.types import numpy_dtype
+from coralrt.ops import kernel_table
 
 __all__ = ["OpContext", "Run", "KERNELS", "register", "kernel_for"]
 
@@ -40,15 +43,26 @@ Run = Callable[[list], list]
 
 _QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int16))
 
+#: Operator name -> sim kernel factory: the ``sim`` kernels of the operator
+#: specs (coralrt.ops), imported on the first :func:`kernel_for`.
 KERNELS: dict[str, Callable[["OpContext"], Run]] = {}
-
-# Modules holding kernels; imported on first use so the registry is complete.
-_MODULES = ("conv", "pool", "elementwise", "activations", "shape", "reduce", "resize", "lstm")
 _loaded = False
 
 
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        KERNELS.update({name: factory for name, factory in kernel_table("sim").items()
+                        if name not in KERNELS})
+        _loaded = True
+
+
 def register(*names: str):
+    """Decorator: make ``factory`` the sim kernel of ``names`` in this process
+    (kept for code written before the operator specs; a plugin registers its
+    kernels with ``coralrt_register_ops``)."""
     def deco(factory):
+        _load()
         for name in names:
             KERNELS[name] = factory
         return factory
@@ -56,11 +70,8 @@ def register(*names: str):
 
 
 def kernel_for(name: str):
-    global _loaded
-    if not _loaded:
-        for module in _MODULES:
-            importlib.import_module(f"{__name__}.{module}")
-        _loaded = True
+    """The sim kernel factory of operator ``name``, or None."""
+    _load()
     return KERNELS.get(name)
 
 

@@ -40,7 +40,7 @@ from coralrt.sim.fixedpoint import (
     c_int32, multiply_by_quantized_multiplier, quantize_bound, quantize_multiplier,
     rounding_divide_by_pot, srdhm, wrap_int32,
 )
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 from coralrt.sim.kernels.elementwise import codes, refuse
 
 __all__: list[str] = []
@@ -80,7 +80,6 @@ _RELU_BOUNDS = {"RELU": (0.0, math.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-
                 "RELU_0_TO_1": (0.0, 1.0)}
 
 
-@register(*_RELU_BOUNDS)
 def relu(ctx: OpContext):
     dtype = _same_type(ctx)
     x, out = ctx.inputs[0], ctx.outputs[0]
@@ -150,13 +149,11 @@ def _tanh(v: np.ndarray) -> np.ndarray:
     return _float_map("tanhf", v, np.tanh)
 
 
-@register("LOGISTIC")
 def logistic(ctx: OpContext):
     _same_type(ctx)
     return _lut_run(_float_lut(ctx, _logistic), tuple(ctx.outputs[0].shape))
 
 
-@register("TANH")
 def tanh(ctx: OpContext):
     _same_type(ctx)
     return _lut_run(_float_lut(ctx, _tanh), tuple(ctx.outputs[0].shape))
@@ -201,7 +198,6 @@ def _rounding_divide_by_pot16(x, exponent: int) -> np.ndarray:
     return (x >> exponent) + ((x & mask) > threshold)
 
 
-@register("HARD_SWISH")
 def hard_swish(ctx: OpContext):
     dtype = _same_type(ctx)
     x, out = ctx.inputs[0], ctx.outputs[0]
@@ -230,7 +226,6 @@ def hard_swish(ctx: OpContext):
 
 # -- QUANTIZE (requantize), RSQRT -----------------------------------------------------------
 
-@register("QUANTIZE")
 def quantize(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     _eight_bit(ctx, x, out)
@@ -239,7 +234,6 @@ def quantize(ctx: OpContext):
     return _lut_run(_lut(v + ctx.zero_point(out), ctx.dtype(out)), tuple(out.shape))
 
 
-@register("RSQRT")
 def rsqrt(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     dtype = _same_type(ctx)
@@ -274,7 +268,6 @@ _SCALED_DIFF_INTEGER_BITS = 5
 _ACCUMULATION_INTEGER_BITS = 12
 
 
-@register("SOFTMAX")
 def softmax(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     _eight_bit(ctx, x)
@@ -315,7 +308,6 @@ def softmax(ctx: OpContext):
 
 # -- L2_NORMALIZATION -----------------------------------------------------------------------
 
-@register("L2_NORMALIZATION")
 def l2_normalization(ctx: OpContext):
     dtype = _same_type(ctx)
     x, out = ctx.inputs[0], ctx.outputs[0]

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from coralrt.errors import UnsupportedOperatorError
-from coralrt.sim.kernels import OpContext, Run, register
+from coralrt.sim.kernels import OpContext, Run
 from coralrt.sim.kernels.gemm import (
     _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, _SAME, DoubleRequantizer, ExactGemm,
     Requantizer, _bias, _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const,
@@ -48,7 +48,6 @@ __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
 # -- CONV_2D ---------------------------------------------------------------------------------
 
 
-@register("CONV_2D")
 def conv_2d(ctx: OpContext) -> Run:
     op = "CONV_2D"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
@@ -121,7 +120,6 @@ def _shaped(a: np.ndarray, shape) -> np.ndarray:
 # -- DEPTHWISE_CONV_2D -----------------------------------------------------------------------
 
 
-@register("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(ctx: OpContext) -> Run:
     op = "DEPTHWISE_CONV_2D"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
@@ -191,7 +189,6 @@ def depthwise_conv_2d(ctx: OpContext) -> Run:
 FC_DOUBLE_ROUNDING = True
 
 
-@register("FULLY_CONNECTED")
 def fully_connected(ctx: OpContext) -> Run:
     op = "FULLY_CONNECTED"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
@@ -226,7 +223,7 @@ def fully_connected(ctx: OpContext) -> Run:
     w_offset = 0 if per_channel else (int(w_zps[0]) if w_zps.size else 0)
     out_dtype = ctx.dtype(out_t)
     zp = ctx.zero_point(out_t)
-    lo, hi = activation_range(int(p.get("fused_activation_function", 0)), ctx.scale(out_t),
+    lo, hi = activation_range(ctx, int(p.get("fused_activation_function", 0)), ctx.scale(out_t),
                               zp, out_dtype)
     in_scale, out_scale = ctx.scale(x_t), ctx.scale(out_t)
     bias = _bias(ctx, 2, units, op)
@@ -249,7 +246,6 @@ def fully_connected(ctx: OpContext) -> Run:
 # -- TRANSPOSE_CONV --------------------------------------------------------------------------
 
 
-@register("TRANSPOSE_CONV")
 def transpose_conv(ctx: OpContext) -> Run:
     op = "TRANSPOSE_CONV"
     x_t, w_t, out_t = ctx.inputs[2], ctx.inputs[1], ctx.outputs[0]

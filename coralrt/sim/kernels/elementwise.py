@@ -30,19 +30,16 @@ import math
 import numpy as np
 
 from coralrt.errors import ModelError
+from coralrt.ops.fused import fused_bounds
 from coralrt.sim.fixedpoint import (
     multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_smaller_than_one_exp,
     quantize_bound, quantize_multiplier,
 )
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 
 __all__ = ["activation_range", "round_half_away", "codes"]
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
-
-# fused_activation_function codes -> float clamp bounds (None: unbounded).
-_ACTIVATIONS = {0: (None, None), 1: (0.0, None), 2: (-1.0, 1.0), 3: (0.0, 6.0)}
-
 
 def refuse(ctx: OpContext, detail: str):
     raise ModelError(detail, where=f"{ctx.op.name} operator")
@@ -55,11 +52,13 @@ def round_half_away(x: float) -> float:
 
 def activation_range(ctx: OpContext, activation: int, scale: float, zero_point: int,
                      dtype: np.dtype) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for an 8-bit output."""
-    if activation not in _ACTIVATIONS:
-        refuse(ctx, f"fused activation function {activation} is not supported")
+    """TFLite's CalculateActivationRangeQuantized for a quantized output: the
+    bounds of :data:`coralrt.ops.fused.FUSED_BOUNDS` in ``dtype``'s codes.  The
+    one such function of the simulated Edge TPU (convolutions, pooling and the
+    elementwise kernels); an unknown code is refused (ModelError), as TFLite
+    refuses it, never answered with the unclamped range."""
+    lo_f, hi_f = fused_bounds(activation, op_name=ctx.op.name)
     info = np.iinfo(dtype)
-    lo_f, hi_f = _ACTIVATIONS[activation]
 
     def quantize(f: float) -> int:              # zero_point + round(f / scale), in float
         return quantize_bound(f, scale, zero_point)
@@ -118,7 +117,6 @@ def _below_one(ctx: OpContext, real: float, what: str) -> tuple[int, int]:
     return quantize_multiplier(real)
 
 
-@register("ADD", "SUB")
 def add_sub(ctx: OpContext):
     x1, x2, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     dtype = _eight_bit(ctx, x1, x2, out)
@@ -142,7 +140,6 @@ def add_sub(ctx: OpContext):
     return _table_run(_pair_table(fn, dtype, dtype), tuple(out.shape))
 
 
-@register("MUL")
 def mul(ctx: OpContext):
     x1, x2, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     dtype = _eight_bit(ctx, x1, x2, out)
@@ -158,7 +155,6 @@ def mul(ctx: OpContext):
     return _table_run(_pair_table(fn, dtype, dtype), tuple(out.shape))
 
 
-@register("SQUARED_DIFFERENCE")
 def squared_difference(ctx: OpContext):
     x1, x2, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     dtype = _eight_bit(ctx, x1, x2, out, allowed=(np.dtype(np.int8),))
@@ -180,7 +176,6 @@ def squared_difference(ctx: OpContext):
     return _table_run(_pair_table(fn, dtype, dtype), tuple(out.shape))
 
 
-@register("PRELU")
 def prelu(ctx: OpContext):
     x, alpha, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     dtype = _eight_bit(ctx, x, alpha, out)
@@ -199,7 +194,6 @@ def prelu(ctx: OpContext):
     return _table_run(_pair_table(fn, dtype, dtype), tuple(out.shape))
 
 
-@register("MAXIMUM", "MINIMUM")
 def maximum_minimum(ctx: OpContext):
     x1, x2, out = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     dtype = ctx.dtype(out)

@@ -9,6 +9,7 @@ import numpy as np
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.sim import fixedpoint
 from coralrt.sim.kernels import OpContext
+from coralrt.sim.kernels.elementwise import activation_range
 from coralrt.sim.kernels.requant import DoubleRequantizer, Requantizer
 from coralrt.sim.scratch import TEMPORARIES
 
@@ -16,7 +17,6 @@ __all__ = ["activation_range", "compute_out_size", "compute_padding", "ExactGemm
            "Requantizer", "DoubleRequantizer"]
 
 # Activation function codes of the TFLite schema.
-_RELU, _RELU_N1_TO_1, _RELU6 = 1, 2, 3
 _SAME, _VALID = 0, 1
 _F32_EXACT = 1 << 24
 _F32_HALVES = 1 << 23
@@ -25,25 +25,6 @@ _GEMM_BAND_ELEMENTS = 1 << 18     # a convolution band's GEMM input or output
 
 
 # -- shared helpers --------------------------------------------------------------------------
-
-
-def activation_range(activation: int, scale: float, zero_point: int,
-                     dtype: np.dtype) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for an output tensor."""
-    info = np.iinfo(dtype)
-    qmin, qmax = int(info.min), int(info.max)
-
-    def quantize(f: float) -> int:
-        # TFLite divides in float and rounds half away from zero.
-        return fixedpoint.quantize_bound(f, scale, zero_point)
-
-    if activation == _RELU:
-        return max(qmin, quantize(0.0)), qmax
-    if activation == _RELU6:
-        return max(qmin, quantize(0.0)), min(qmax, quantize(6.0))
-    if activation == _RELU_N1_TO_1:
-        return max(qmin, quantize(-1.0)), min(qmax, quantize(1.0))
-    return qmin, qmax
 
 
 def compute_out_size(padding: int, size: int, filt: int, stride: int, dilation: int = 1) -> int:
@@ -235,7 +216,7 @@ def _quant_setup(ctx: OpContext, op: str, x_t, w_t, out_t, channels: int, bias,
                               ctx.scale(out_t), float_product=uint8)
     out_dtype = ctx.dtype(out_t)
     zp = ctx.zero_point(out_t)
-    lo, hi = activation_range(int(ctx.params.get("fused_activation_function", 0)),
+    lo, hi = activation_range(ctx, int(ctx.params.get("fused_activation_function", 0)),
                               ctx.scale(out_t), zp, out_dtype)
     w_offset = int(w_zps[0]) if uint8 and w_zps.size else 0
     wi = np.moveaxis(weights.astype(np.int64) - w_offset, channel_axis, 0).reshape(channels, -1)

@@ -33,7 +33,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 from coralrt.sim.kernels.int16_fixedpoint import (
     _I16_MAX, _I16_MIN, _clip, _rdbypot, _w16, sigmoid_q3_12, tanh_int16)
 
@@ -237,7 +237,6 @@ class _Prepared:
     out_t: SegmentTensor
 
 
-@register("UNIDIRECTIONAL_SEQUENCE_LSTM")
 def unidirectional_sequence_lstm(ctx: OpContext):
     ins = list(ctx.inputs) + [None] * (24 - len(ctx.inputs))
     x_t, out_t = ins[_X], ctx.outputs[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import UnsupportedOperatorError
-from coralrt.sim.kernels import OpContext, Run, register
+from coralrt.sim.kernels import OpContext, Run
 from coralrt.sim.kernels.gemm import activation_range, compute_out_size, compute_padding
 
 __all__: list[str] = []
@@ -38,7 +38,7 @@ def _geometry(ctx: OpContext, op: str):
         raise UnsupportedOperatorError(op, detail=f"output shape {tuple(out_t.shape)} does not "
                                                   f"match the {(n, oh, ow, c)} the options give")
     pt, pl = compute_padding(sh, 1, h, fh, oh), compute_padding(sw, 1, w, fw, ow)
-    lo, hi = activation_range(int(p.get("fused_activation_function", 0)), ctx.scale(out_t),
+    lo, hi = activation_range(ctx, int(p.get("fused_activation_function", 0)), ctx.scale(out_t),
                               ctx.zero_point(out_t), dtype)
     return dtype, (n, h, w, c), (sh, sw, fh, fw), (oh, ow, pt, pl), (lo, hi)
 
@@ -50,7 +50,6 @@ def _clipped_counts(out: int, stride: int, pad: int, filt: int, size: int) -> np
     return np.maximum(end - start, 0)
 
 
-@register("AVERAGE_POOL_2D")
 def average_pool_2d(ctx: OpContext) -> Run:
     dtype, (n, h, w, c), (sh, sw, fh, fw), (oh, ow, pt, pl), (lo, hi) = \
         _geometry(ctx, "AVERAGE_POOL_2D")
@@ -104,7 +103,6 @@ def average_pool_2d(ctx: OpContext) -> Run:
     return run
 
 
-@register("MAX_POOL_2D")
 def max_pool_2d(ctx: OpContext) -> Run:
     dtype, (n, h, w, c), (sh, sw, fh, fw), (oh, ow, pt, pl), (lo, hi) = \
         _geometry(ctx, "MAX_POOL_2D")

@@ -23,7 +23,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 
 __all__ = ["reduction_axes"]
 
@@ -55,7 +55,6 @@ def _count(shape, axes) -> int:
     return n
 
 
-@register("MEAN", "SUM")
 def mean_or_sum(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     dtype = ctx.dtype(out)
@@ -89,7 +88,6 @@ def mean_or_sum(ctx: OpContext):
     return run
 
 
-@register("REDUCE_MAX", "REDUCE_MIN")
 def reduce_max_min(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     dtype = ctx.dtype(out)

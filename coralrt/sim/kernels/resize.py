@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 from coralrt.sim.parallel import for_bands
 from coralrt.sim.scratch import TEMPORARIES
 
@@ -84,7 +84,6 @@ def _int_axis(n_in: int, n_out: int, align: bool, half: bool):
     return np.minimum(lo, n_in - 1), hi, 1024 - w1, w1
 
 
-@register("RESIZE_BILINEAR")
 def resize_bilinear(ctx: OpContext):
     align = bool(ctx.params.get("align_corners", False))
     half = bool(ctx.params.get("half_pixel_centers", False))
@@ -196,7 +195,6 @@ def _nearest_axis(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
     return idx
 
 
-@register("RESIZE_NEAREST_NEIGHBOR")
 def resize_nearest_neighbor(ctx: OpContext):
     align = bool(ctx.params.get("align_corners", False))
     half = bool(ctx.params.get("half_pixel_centers", False))

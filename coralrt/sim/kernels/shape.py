@@ -19,7 +19,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt.sim.fixedpoint import c_int32, wrap_int32
-from coralrt.sim.kernels import OpContext, register
+from coralrt.sim.kernels import OpContext
 
 __all__: list[str] = []
 
@@ -64,7 +64,6 @@ def _reshaper(ctx: OpContext):
     return run
 
 
-@register("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
 def reshape(ctx: OpContext):
     # The output tensor already carries the shape that the constant shape
     # input, the new_shape option or squeeze/expand axes resolve to; the
@@ -78,7 +77,6 @@ def reshape(ctx: OpContext):
     return _reshaper(ctx)
 
 
-@register("CONCATENATION")
 def concatenation(ctx: OpContext):
     if ctx.params.get("fused_activation_function", 0) != 0:
         _refuse(ctx, "a fused activation is not supported by TFLite's CONCATENATION")
@@ -140,7 +138,6 @@ def concatenation(ctx: OpContext):
     return run
 
 
-@register("PACK")
 def pack(ctx: OpContext):
     ins = [t for t in ctx.inputs if t is not None]
     _require_same_quant(ctx, ins)
@@ -157,7 +154,6 @@ def pack(ctx: OpContext):
     return run
 
 
-@register("SPLIT")
 def split(ctx: OpContext):
     data = ctx.inputs[1]
     axis = int(_constant(ctx, 0, "the split axis").reshape(-1)[0])
@@ -181,7 +177,6 @@ def split(ctx: OpContext):
     return run
 
 
-@register("SLICE")
 def slice_(ctx: OpContext):
     x = ctx.inputs[0]
     begin = _constant(ctx, 1, "begin").reshape(-1)
@@ -206,7 +201,6 @@ def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(v, hi))
 
 
-@register("STRIDED_SLICE")
 def strided_slice(ctx: OpContext):
     p = ctx.params
     if p.get("ellipsis_mask", 0) or p.get("new_axis_mask", 0):
@@ -259,7 +253,6 @@ def strided_slice(ctx: OpContext):
     return run
 
 
-@register("PAD")
 def pad(ctx: OpContext):
     x, out = ctx.inputs[0], ctx.outputs[0]
     paddings = _constant(ctx, 1, "paddings").reshape(-1, 2)
@@ -281,7 +274,6 @@ def pad(ctx: OpContext):
     return run
 
 
-@register("SPACE_TO_DEPTH")
 def space_to_depth(ctx: OpContext):
     x = ctx.inputs[0]
     bs = int(ctx.params.get("block_size", 0))
@@ -297,7 +289,6 @@ def space_to_depth(ctx: OpContext):
     return run
 
 
-@register("TRANSPOSE")
 def transpose(ctx: OpContext):
     x = ctx.inputs[0]
     rank = len(x.shape)
@@ -312,7 +303,6 @@ def transpose(ctx: OpContext):
     return run
 
 
-@register("TILE")
 def tile(ctx: OpContext):
     # TFLite's TILE copies the stored values, whatever the quantization says;
     # the multiples must be constant here (a segment has fixed shapes).

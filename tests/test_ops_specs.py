@@ -1,0 +1,133 @@
+"""The operator specs (coralrt/ops): one home per operator, and the path
+CONTRIBUTING.md gives for adding one (a family file), taken end to end."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+import coralrt.ops as ops_pkg
+from coralrt import InferenceSession
+from coralrt.compile.partition import partition
+from coralrt.compile.rules import default_rules
+from coralrt.model.builder import ModelBuilder
+from coralrt.model.writer import write_model
+from coralrt.ops import OpSpec, builtin_specs, family_of, kernel_table, operator_table
+from coralrt.ops.fused import FUSED_BOUNDS, fused_bounds
+from coralrt.plugins import host
+from coralrt.plugins.host import PluginHost
+from coralrt.sim import kernels as sim_kernels
+
+FAMILY = '''
+"""A family file as CONTRIBUTING.md describes it (test only)."""
+
+import numpy as np
+
+from coralrt.ops.spec import OpSpec, OpSupport
+
+
+def zeros_like(ctx):
+    """Sim kernel: every output code is the output's zero point (a real 0)."""
+    out = ctx.outputs[0]
+    shape, dtype, zp = tuple(out.shape), ctx.dtype(out), ctx.zero_point(out)
+    return lambda inputs: [np.full(shape, zp, dtype)]
+
+
+SPECS = (OpSpec("ZEROS_LIKE", tpu=OpSupport(max_version=1), sim=zeros_like),)
+'''
+
+
+def _forget_tables(monkeypatch):
+    """The derived tables are built once per process; a test that adds a family
+    file starts them afresh (and monkeypatch restores the old ones after)."""
+    for cached in (ops_pkg._built, ops_pkg.operator_table):
+        cached.cache_clear()
+    host.reset()        # the process-wide plugin host registered the old specs
+    monkeypatch.setattr(sim_kernels, "KERNELS", {})
+    monkeypatch.setattr(sim_kernels, "_loaded", False)
+
+
+@pytest.fixture
+def new_family(tmp_path, monkeypatch):
+    (tmp_path / "testfamily.py").write_text(textwrap.dedent(FAMILY))
+    monkeypatch.setattr(ops_pkg, "__path__", [*ops_pkg.__path__, str(tmp_path)])
+    _forget_tables(monkeypatch)
+    yield
+    _forget_tables(monkeypatch)
+
+
+def zeros_like_model():
+    b = ModelBuilder()
+    x = b.input("x", (1, 4, 4, 8), np.uint8, scale=0.1, zero_point=128)
+    y = b.tensor("y", (1, 4, 4, 8), np.uint8, scale=0.05, zero_point=7)
+    b.op("ZEROS_LIKE", [x], [y])
+    b.output(y)
+    return b.build()
+
+
+def test_an_operator_added_as_a_family_file_is_partitioned_and_runs_everywhere(new_family):
+    spec = builtin_specs()["ZEROS_LIKE"]
+    assert family_of("ZEROS_LIKE") == "testfamily"
+    assert spec.min_inputs == 1 and spec.optional_inputs == frozenset()   # LiteRT's facts
+    model = zeros_like_model()
+    # Partitioned onto the Edge TPU, through the rules and through the plugin hook.
+    assert "ZEROS_LIKE" in default_rules()
+    assert PluginHost([]).ops.specs["ZEROS_LIKE"].plugin == "coralrt.builtins"
+    plan = partition(model, "multi", rules=PluginHost([]).ops.rules())
+    assert [o.target for o in plan.ops] == ["tpu"]
+    x = np.arange(128, dtype=np.uint8).reshape(1, 4, 4, 8)
+    want = np.full((1, 4, 4, 8), 7, np.uint8)
+    data = write_model(model)
+    sim = InferenceSession(data, target="sim")
+    assert sim.compile_info["summary"]["tpu_ops"] == 1
+    np.testing.assert_array_equal(sim.run({"x": x})["y"], want)
+    cpu = InferenceSession(data, target="cpu", backend="numpy")
+    np.testing.assert_array_equal(cpu.run({"x": x})["y"], want)
+
+
+def test_every_spec_lives_in_one_family_and_names_importable_kernels():
+    specs = builtin_specs()
+    assert all(family_of(name) for name in specs)
+    for slot in ("sim", "numpy_float", "numpy_wide_int", "numpy_any", "numpy_8bit"):
+        assert all(callable(k) for k in kernel_table(slot).values()), slot
+    # Every Edge TPU operator (table or compat mode) has a sim kernel.
+    assert set(operator_table("tpu")) | set(operator_table("compat")) <= set(
+        operator_table("sim"))
+
+
+def test_a_spec_names_its_kernels_by_string_or_callable():
+    spec = OpSpec("X", sim="coralrt.sim.kernels.shape:tile", numpy_any=len)
+    assert spec.sim.load() is sim_kernels.kernel_for("TILE") and spec.numpy_any is len
+
+
+def test_an_unknown_fused_activation_is_refused_everywhere():
+    # One table and one behaviour for all kernels: TANH (4) and SIGN_BIT (5) are
+    # no clamp, so an operator that can only clamp refuses them, as TFLite does.
+    assert set(FUSED_BOUNDS) == {0, 1, 2, 3}
+    from coralrt.errors import ModelError
+    with pytest.raises(ModelError, match="fused activation function 4 is not supported"):
+        fused_bounds(4, op_name="CONV_2D")
+    assert fused_bounds(3, op_name="CONV_2D") == (0.0, 6.0)
+
+
+def test_a_plugin_spec_adds_to_coralrts_rules_and_wins_over_a_builtin_spec():
+    from coralrt.compile.rules import OpSupport, OpView
+    from coralrt.plugins.registry import BUILTIN, OpRegistry
+    bare = OpRegistry()
+    bare.for_plugin("acme").add_spec(OpSpec("ZEROS_LIKE", tpu=OpSupport(1)))
+    rules = bare.rules()
+    assert "ZEROS_LIKE" in rules and "CONV_2D" in rules      # coralrt's table stays
+    assert bare.fingerprint() == [["ZEROS_LIKE", "v1:['NONE', 'RELU', 'RELU6', "
+                                                 "'RELU_N1_TO_1']:"]]
+    ops = PluginHost([]).ops
+    ops.for_plugin("acme").add_spec(OpSpec("ADD", tpu=OpSupport(4, (lambda v: "acme: no",))))
+    assert ops.specs["ADD"].plugin == "acme" and ops.specs["MUL"].plugin == BUILTIN
+    model = ModelBuilder()
+    x = model.input("x", (1, 4, 4, 8), np.int8, scale=0.1, zero_point=0)
+    y = model.tensor("y", (1, 4, 4, 8), np.int8, scale=0.1, zero_point=0)
+    model.op("ADD", [x, x], [y])
+    model.output(y)
+    sg = model.build().main
+    assert ops.rules().check(OpView(sg, sg.operators[0], 0)) == "acme: no"
