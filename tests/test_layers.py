@@ -38,8 +38,9 @@ PACKAGE = "coralrt"
 # Modules of one layer may import each other (the cycle check still applies).
 LAYERS: list[tuple[str, ...]] = [
     ("coralrt.errors", "coralrt.formats.opnames"),           # 0: import nothing of coralrt
-    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs",  # 1
-     "coralrt.wheels"),
+    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs",  # 1: ops.arith:
+     "coralrt.wheels", "coralrt.ops.arith"),                   #    the kernels' numeric helpers,
+                                                               #    below the specs that use them
     ("coralrt.model", "coralrt.ops"),                          # 2: ops: the operator specs, read
                                                                #    by validation and every layer up
     ("coralrt.tensors",),                                      # 3

@@ -1,5 +1,5 @@
 """The simulator's thread pool, BLAS limit and reused temporaries
-(coralrt/sim/parallel.py, coralrt/sim/scratch.py): bands cover their range once,
+(coralrt/ops/arith/parallel.py, coralrt/ops/arith/scratch.py): bands cover their range once,
 failures propagate, results never alias a reused buffer, and the answers are
 the same on one thread or several."""
 
@@ -17,9 +17,9 @@ from coralrt.errors import ConfigError
 from coralrt.formats.segment import build_segment
 from coralrt.model import load_model
 from coralrt.model.builder import ModelBuilder
-from coralrt.sim import parallel
+from coralrt.ops.arith import parallel
+from coralrt.ops.arith.scratch import TEMPORARIES, Arena
 from coralrt.sim.runner import SegmentRunner
-from coralrt.sim.scratch import TEMPORARIES, Arena
 
 
 def test_threads_setting(monkeypatch):

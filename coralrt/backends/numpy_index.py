@@ -23,9 +23,9 @@ import numpy as np
 
 from coralrt.errors import InferenceError
 from coralrt.model.types import numpy_dtype
+from coralrt.ops.arith.common import refuse
 from coralrt.ops.fused import fused_bounds
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.elementwise import refuse
 
 from .numpy_kernels import dequantize
 

@@ -42,9 +42,9 @@ import math
 import numpy as np
 
 from coralrt.model.types import numpy_dtype
+from coralrt.ops.arith.common import refuse
 from coralrt.ops.fused import fused_bounds
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.elementwise import refuse
 from coralrt.sim.kernels.reduce import reduction_axes
 
 __all__ = ["is_float", "quantize", "dequantize"]

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.sim.fixedpoint import quantize_multiplier
+from coralrt.ops.arith.common import refuse
+from coralrt.ops.arith.fixedpoint import quantize_multiplier
+from coralrt.ops.arith.requant import Requantizer
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.elementwise import refuse
-from coralrt.sim.kernels.requant import Requantizer
 
 
 __all__ = ["batch_matmul"]

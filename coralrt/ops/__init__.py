@@ -21,13 +21,15 @@ of ``coralrt/plugins/registry.py``.
 
 Layering: this package sits with ``coralrt.model`` (layer 2), because
 validation reads it at load time, below everything else that reads it.  It
-imports only errors and model.  The kernels live in the layers above
-(``coralrt/sim/kernels``, ``coralrt/backends``, with the fixed-point helpers
-they share); a spec names them with a :class:`KernelRef` (``"module:name"``)
-that the layer running the kernel imports when it builds its table, so
-``import coralrt`` reads the specs without importing a kernel (a kernel that
-needs nothing but NumPy and its ``OpContext`` may be a plain callable in the
-family file).  See CONTRIBUTING.md for adding an operator.
+imports only errors, model and its subpackage :mod:`coralrt.ops.arith`
+(layer 1: the fixed-point and requantization helpers, working arrays and
+row bands kernels share).  A new operator's kernels (sim and NumPy) are
+written in its family file with those helpers; the existing kernels mostly
+live in the kernel libraries of the layers above (``coralrt/sim/kernels``,
+``coralrt/backends``), and a spec names them with a :class:`KernelRef`
+(``"module:name"``) that the layer running the kernel imports when it
+builds its table, so ``import coralrt`` reads the specs without importing
+those libraries.  See CONTRIBUTING.md for adding an operator.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = ["OpSpec", "OpSupport", "KernelRef", "DEFAULT_ACTIVATIONS", "NO_ACTIVA
            "builtin_specs", "operator_table", "kernel_table", "family_of", "resolve"]
 
 # Modules of this package that hold no specs.
-_NOT_FAMILIES = frozenset({"spec", "checks", "fused", "litert", "doc_tables"})
+_NOT_FAMILIES = frozenset({"spec", "checks", "fused", "litert", "doc_tables", "arith"})
 
 
 def _families() -> list[str]:

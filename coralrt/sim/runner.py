@@ -12,9 +12,9 @@ import numpy as np
 from coralrt.formats.segment import Segment
 from coralrt.errors import UnsupportedOperatorError
 from coralrt.model.types import numpy_dtype
+from coralrt.ops.arith.parallel import blas_single_threaded
+from coralrt.ops.arith.scratch import TEMPORARIES
 from coralrt.sim.kernels import OpContext, kernel_for
-from coralrt.sim.parallel import blas_single_threaded
-from coralrt.sim.scratch import TEMPORARIES
 
 __all__ = ["SegmentRunner"]
 

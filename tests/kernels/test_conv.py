@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.model.builder import ModelBuilder
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.sim.kernels.gemm import ExactGemm, Requantizer, compute_out_size
+from coralrt.ops.arith.common import compute_out_size
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt.ops.arith.requant import Requantizer
+from coralrt.sim.kernels.gemm import ExactGemm
 
 from .harness import check
 

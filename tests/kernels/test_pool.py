@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.model.builder import ModelBuilder
-from coralrt.sim.kernels.gemm import compute_out_size
+from coralrt.ops.arith.common import compute_out_size
 
 from .harness import check, random_data
 

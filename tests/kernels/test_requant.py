@@ -1,6 +1,6 @@
 """The requantizer's fast paths against TFLite's two-step fixed-point arithmetic.
 
-coralrt/sim/kernels/requant.py proves its float64 path exact by bounds and
+coralrt/ops/arith/requant.py proves its float64 path exact by bounds and
 monotonicity, and its float32 path by monotonicity plus a check of both ends of
 every run of equal outputs; these tests check both proofs against
 ``multiply_by_quantized_multiplier`` (the int64 transcription of TFLite's
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier
-from coralrt.sim.kernels import requant_plan as plan_module
-from coralrt.sim.kernels.requant import Requantizer
+from coralrt.ops.arith import requant_plan as plan_module
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier
+from coralrt.ops.arith.requant import Requantizer
 
 ACTS = [(0, 255), (-128, 127), (-128, -100), (3, 90), (-20, 40), (0, 127)]
 

@@ -35,13 +35,13 @@ import math
 import numpy as np
 
 from coralrt.errors import InferenceError
-from coralrt.sim.fixedpoint import (
+from coralrt.ops.arith.common import codes, refuse
+from coralrt.ops.arith.fixedpoint import (
     INT32_MAX, exp_on_negative_values, get_reciprocal, inv_sqrt_quantized_multiplier_exp,
     c_int32, multiply_by_quantized_multiplier, quantize_bound, quantize_multiplier,
     rounding_divide_by_pot, srdhm, wrap_int32,
 )
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.elementwise import codes, refuse
 
 __all__: list[str] = []
 

@@ -28,15 +28,17 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from coralrt.errors import UnsupportedOperatorError
+from coralrt.ops.arith.common import SAME, compute_out_size, compute_padding
+from coralrt.ops.arith.parallel import for_bands
+from coralrt.ops.arith.requant import DoubleRequantizer, Requantizer
+from coralrt.ops.arith.scratch import TEMPORARIES
+from coralrt.ops.fused import activation_range
 from coralrt.sim.kernels import OpContext, Run
 from coralrt.sim.kernels.gemm import (
-    _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, _SAME, DoubleRequantizer, ExactGemm,
-    Requantizer, _bias, _check_shape, _conv_geometry, _max_abs_input, _multiplier, _need_const,
-    _padded_rows, _quant_setup, _window, activation_range, compute_out_size,
-    compute_padding,
+    _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, ExactGemm, _bias, _check_shape,
+    _conv_geometry, _max_abs_input, _multiplier, _need_const, _padded_rows, _quant_setup,
+    _window,
 )
-from coralrt.sim.parallel import for_bands
-from coralrt.sim.scratch import TEMPORARIES
 
 # Channels up to which a stride-1 depthwise convolution's einsum runs along flat
 # rows of columns and channels (measured: 4x faster than along the channels at
@@ -264,7 +266,7 @@ def transpose_conv(ctx: OpContext) -> Run:
     sh, sw = int(p.get("stride_h", 1)), int(p.get("stride_w", 1))
     if min(sh, sw) < 1:
         raise UnsupportedOperatorError(op, detail="strides must be >= 1")
-    padding = int(p.get("padding", _SAME))
+    padding = int(p.get("padding", SAME))
     # Padding as for a convolution from the output back to the input.
     pt = compute_padding(sh, 1, oh, kh, compute_out_size(padding, oh, kh, sh))
     pl = compute_padding(sw, 1, ow, kw, compute_out_size(padding, ow, kw, sw))

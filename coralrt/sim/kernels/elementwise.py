@@ -29,48 +29,22 @@ import math
 
 import numpy as np
 
-from coralrt.errors import ModelError
-from coralrt.ops.fused import fused_bounds
-from coralrt.sim.fixedpoint import (
+from coralrt.ops.arith.common import codes, refuse
+from coralrt.ops.arith.fixedpoint import (
     multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_smaller_than_one_exp,
-    quantize_bound, quantize_multiplier,
+    quantize_multiplier,
 )
+from coralrt.ops.fused import activation_range
 from coralrt.sim.kernels import OpContext
 
-__all__ = ["activation_range", "round_half_away", "codes"]
+__all__ = ["round_half_away"]
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
-
-def refuse(ctx: OpContext, detail: str):
-    raise ModelError(detail, where=f"{ctx.op.name} operator")
 
 
 def round_half_away(x: float) -> float:
     """C's round()/roundf(): nearest integer, ties away from zero."""
     return math.copysign(math.floor(abs(x) + 0.5), x)
-
-
-def activation_range(ctx: OpContext, activation: int, scale: float, zero_point: int,
-                     dtype: np.dtype) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for a quantized output: the
-    bounds of :data:`coralrt.ops.fused.FUSED_BOUNDS` in ``dtype``'s codes.  The
-    one such function of the simulated Edge TPU (convolutions, pooling and the
-    elementwise kernels); an unknown code is refused (ModelError), as TFLite
-    refuses it, never answered with the unclamped range."""
-    lo_f, hi_f = fused_bounds(activation, op_name=ctx.op.name)
-    info = np.iinfo(dtype)
-
-    def quantize(f: float) -> int:              # zero_point + round(f / scale), in float
-        return quantize_bound(f, scale, zero_point)
-
-    lo = int(info.min) if lo_f is None else max(int(info.min), quantize(lo_f))
-    hi = int(info.max) if hi_f is None else min(int(info.max), quantize(hi_f))
-    return lo, hi
-
-
-def codes(dtype: np.dtype) -> np.ndarray:
-    """All 256 values of an 8-bit type, in the order of their bit patterns (int64)."""
-    return np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
 
 
 def _eight_bit(ctx: OpContext, *tensors, allowed=_EIGHT_BIT) -> np.dtype:

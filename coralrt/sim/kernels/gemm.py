@@ -1,23 +1,23 @@
 """Shared machinery of the convolution kernels: exact integer GEMMs on the float
-BLAS, TFLite's requantization, padding geometry and activation ranges (see
-conv.py for the arithmetic they reproduce)."""
+BLAS, the setup of TFLite's requantization and the convolution geometry (see
+conv.py for the arithmetic they reproduce).  The helpers any kernel may use
+(padding and output sizes, the requantizer, activation ranges) live below the
+operator specs, in :mod:`coralrt.ops.arith` and :mod:`coralrt.ops.fused`."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from coralrt.errors import UnsupportedOperatorError
-from coralrt.sim import fixedpoint
+from coralrt.ops.arith import fixedpoint
+from coralrt.ops.arith.common import SAME, compute_out_size, compute_padding
+from coralrt.ops.arith.requant import Requantizer
+from coralrt.ops.arith.scratch import TEMPORARIES
+from coralrt.ops.fused import activation_range
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.elementwise import activation_range
-from coralrt.sim.kernels.requant import DoubleRequantizer, Requantizer
-from coralrt.sim.scratch import TEMPORARIES
 
-__all__ = ["activation_range", "compute_out_size", "compute_padding", "ExactGemm",
-           "Requantizer", "DoubleRequantizer"]
+__all__ = ["ExactGemm"]
 
-# Activation function codes of the TFLite schema.
-_SAME, _VALID = 0, 1
 _F32_EXACT = 1 << 24
 _F32_HALVES = 1 << 23
 _BAND_ELEMENTS = 1 << 17          # a depthwise band's accumulators
@@ -25,20 +25,6 @@ _GEMM_BAND_ELEMENTS = 1 << 18     # a convolution band's GEMM input or output
 
 
 # -- shared helpers --------------------------------------------------------------------------
-
-
-def compute_out_size(padding: int, size: int, filt: int, stride: int, dilation: int = 1) -> int:
-    effective = (filt - 1) * dilation + 1
-    if padding == _SAME:
-        return (size + stride - 1) // stride
-    return (size + stride - effective) // stride
-
-
-def compute_padding(stride: int, dilation: int, in_size: int, filt: int, out_size: int) -> int:
-    """Padding before the first element (TFLite drops the odd extra one at the end)."""
-    effective = (filt - 1) * dilation + 1
-    total = (out_size - 1) * stride + effective - in_size
-    return max(total // 2, 0)
 
 
 def _check_shape(op: str, got, want) -> None:
@@ -180,7 +166,7 @@ def _conv_geometry(ctx: OpContext, op: str, in_shape, kh: int, kw: int, out_shap
     p = ctx.params
     sh, sw = int(p.get("stride_h", 1)), int(p.get("stride_w", 1))
     dh, dw = int(p.get("dilation_h_factor", 1)), int(p.get("dilation_w_factor", 1))
-    padding = int(p.get("padding", _SAME))
+    padding = int(p.get("padding", SAME))
     if min(sh, sw, dh, dw) < 1:
         raise UnsupportedOperatorError(op, detail="strides and dilations must be >= 1")
     _, h, w, _ = in_shape

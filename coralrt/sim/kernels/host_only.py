@@ -24,12 +24,12 @@ import math
 
 import numpy as np
 
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt.ops.arith.common import codes, refuse
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext
 from coralrt.sim.kernels.activations import (
     _EIGHT_BIT, _float_lut, _float_map, _lut, _lut_run, _same_type, _tanh,
 )
-from coralrt.sim.kernels.elementwise import codes, refuse
 
 __all__ = ["abs_int8", "gelu_8bit", "leaky_relu_8bit"]
 

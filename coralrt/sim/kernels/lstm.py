@@ -4,7 +4,7 @@ int8 input, output and weights, int32 gate biases, an int8 output state
 and an int16 cell state whose scale is a power of two.  Each gate is
 ``act(MBQM(W_x x) + MBQM(W_h h))`` saturated to int16 in Q3.12; sigmoid and
 tanh are gemmlowp's int16 fixed-point functions, evaluated once for all
-65536 inputs into lookup tables (:mod:`coralrt.sim.kernels.int16_fixedpoint`).
+65536 inputs into lookup tables (:mod:`coralrt.ops.arith.int16_fixedpoint`).
 The input zero point, the output-state zero point and the gate bias are
 folded into one int32 bias per matrix row at load time, as TFLite's Prepare
 does.
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.sim.kernels import OpContext
-from coralrt.sim.kernels.int16_fixedpoint import (
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt.ops.arith.int16_fixedpoint import (
     _I16_MAX, _I16_MIN, _clip, _rdbypot, _w16, sigmoid_q3_12, tanh_int16)
+from coralrt.sim.kernels import OpContext
 
 if TYPE_CHECKING:
     from coralrt.formats.segment import SegmentTensor

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import UnsupportedOperatorError
+from coralrt.ops.arith.common import compute_out_size, compute_padding
+from coralrt.ops.fused import activation_range
 from coralrt.sim.kernels import OpContext, Run
-from coralrt.sim.kernels.gemm import activation_range, compute_out_size, compute_padding
 
 __all__: list[str] = []
 

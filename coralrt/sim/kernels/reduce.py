@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.sim.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.sim.kernels import OpContext
 
 __all__ = ["reduction_axes"]

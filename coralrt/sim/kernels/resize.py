@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import ModelError
+from coralrt.ops.arith.parallel import for_bands
+from coralrt.ops.arith.scratch import TEMPORARIES
 from coralrt.sim.kernels import OpContext
-from coralrt.sim.parallel import for_bands
-from coralrt.sim.scratch import TEMPORARIES
 
 __all__: list[str] = []
 

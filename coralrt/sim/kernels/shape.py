@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.errors import ModelError
-from coralrt.sim.fixedpoint import c_int32, wrap_int32
+from coralrt.ops.arith.fixedpoint import c_int32, wrap_int32
 from coralrt.sim.kernels import OpContext
 
 __all__: list[str] = []

@@ -1,10 +1,10 @@
 """How the requantizer's fast paths are set up and proven exact (the arithmetic
-is explained in coralrt/sim/kernels/requant.py): the range of accumulators
+is explained in coralrt/ops/arith/requant.py): the range of accumulators
 that can still change each channel's output, found by searching TFLite's
 integer formula; the float64 constants with their exactness bounds; the
 float32 constants with their proof; and whether the results fit int16.
 
-May import (layer 6): numpy and the rest of coralrt.sim.
+May import (layer 1): numpy and the rest of coralrt.ops.arith.
 """
 
 from __future__ import annotations

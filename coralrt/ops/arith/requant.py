@@ -61,9 +61,9 @@ multipliers (50 of MobileNet v2's 53 requantizers) and few small per-channel
 ones.  A caller that can add :meth:`Requantizer.pre_add` inside its own sums
 (a convolution's GEMM) skips the first step.
 
-The constants and their proofs are in coralrt/sim/kernels/requant_plan.py.
+The constants and their proofs are in coralrt/ops/arith/requant_plan.py.
 tests/kernels/test_requant.py checks both paths against TFLite's two-step
-fixed-point helpers (coralrt/sim/fixedpoint.py) on random and boundary
+fixed-point helpers (coralrt/ops/arith/fixedpoint.py) on random and boundary
 accumulators; the kernel tests compare whole operators with LiteRT.
 """
 
@@ -76,10 +76,10 @@ try:                                   # the clip ufunc, without np.clip's Pytho
 except ImportError:                    # numpy < 2
     from numpy.core.umath import clip as _clip
 
-from coralrt.sim import fixedpoint
-from coralrt.sim.kernels.requant_plan import float32_steps, float_plan, no_wrap
-from coralrt.sim.parallel import for_bands
-from coralrt.sim.scratch import TEMPORARIES
+from coralrt.ops.arith import fixedpoint
+from coralrt.ops.arith.parallel import for_bands
+from coralrt.ops.arith.requant_plan import float32_steps, float_plan, no_wrap
+from coralrt.ops.arith.scratch import TEMPORARIES
 
 __all__ = ["Requantizer", "DoubleRequantizer"]
 

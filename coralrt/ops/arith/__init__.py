@@ -1,0 +1,22 @@
+"""The numeric helpers kernels share, below the operator specs so that a family
+file of :mod:`coralrt.ops` can write a kernel with them.
+
+- :mod:`~coralrt.ops.arith.fixedpoint`: TFLite's and gemmlowp's fixed-point
+  integer arithmetic (``QuantizeMultiplier``, ``MultiplyByQuantizedMultiplier``,
+  rounding shifts, lookup-table helpers), vectorised;
+- :mod:`~coralrt.ops.arith.int16_fixedpoint`: gemmlowp's int16 logistic and tanh;
+- :mod:`~coralrt.ops.arith.requant`: the fast exact requantizer of the
+  convolution-like kernels (its proofs in :mod:`~coralrt.ops.arith.requant_plan`);
+- :mod:`~coralrt.ops.arith.scratch`: per-thread working arrays reused across runs;
+- :mod:`~coralrt.ops.arith.parallel`: row bands on a thread pool, and the BLAS
+  thread limit;
+- :mod:`~coralrt.ops.arith.common`: ``refuse``, ``codes``, TFLite's padding and
+  output sizes.
+
+(The quantized range of a fused activation is :func:`coralrt.ops.fused.activation_range`.)
+
+Layering: layer 1 (``tests/test_layers.py``), below the specs: these modules
+import nothing of coralrt but :mod:`coralrt.errors`.  A kernel factory receives
+a ``coralrt.sim.kernels.OpContext`` (layer 6); a helper here that takes one
+names it in a string annotation and does not import it.
+"""
