@@ -10,6 +10,7 @@ import pytest
 
 import coralrt.ops as ops_pkg
 from coralrt import InferenceSession
+from coralrt.backends import numpy_backend
 from coralrt.compile.partition import partition
 from coralrt.compile.rules import default_rules
 from coralrt.model.builder import ModelBuilder
@@ -25,17 +26,41 @@ FAMILY = '''
 
 import numpy as np
 
+from coralrt.ops.arith.common import refuse
+from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.ops.spec import OpSpec, OpSupport
 
 
-def zeros_like(ctx):
+def zeros_like(ctx: "OpContext"):
     """Sim kernel: every output code is the output's zero point (a real 0)."""
     out = ctx.outputs[0]
     shape, dtype, zp = tuple(out.shape), ctx.dtype(out), ctx.zero_point(out)
     return lambda inputs: [np.full(shape, zp, dtype)]
 
 
-SPECS = (OpSpec("ZEROS_LIKE", tpu=OpSupport(max_version=1), sim=zeros_like),)
+def rescale(ctx: "OpContext"):
+    """Sim kernel: an 8-bit tensor requantized to the output's scale and zero
+    point, as TFLite's Requantize (QUANTIZE between 8-bit types) computes it:
+    zo + MultiplyByQuantizedMultiplier(x - zi, M, shift), M * 2^shift = si / so,
+    clamped to the output type."""
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    dtype = ctx.dtype(out)
+    if ctx.dtype(x).itemsize != 1 or dtype.itemsize != 1:
+        refuse(ctx, "only 8-bit tensors are supported")
+    multiplier, shift = quantize_multiplier(ctx.scale(x) / ctx.scale(out))
+    zi, zo = ctx.zero_point(x), ctx.zero_point(out)
+    lo, hi = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+
+    def run(inputs):
+        acc = multiply_by_quantized_multiplier(np.asarray(inputs[0], np.int64) - zi,
+                                               multiplier, shift)
+        return [np.clip(acc + zo, lo, hi).astype(dtype)]
+    return run
+
+
+SPECS = (OpSpec("ZEROS_LIKE", tpu=OpSupport(max_version=1), sim=zeros_like),
+         OpSpec("Rescale", custom=True, tpu=OpSupport(max_version=1), sim=rescale,
+                numpy_any=rescale))
 '''
 
 
@@ -44,6 +69,7 @@ def _forget_tables(monkeypatch):
     file starts them afresh (and monkeypatch restores the old ones after)."""
     for cached in (ops_pkg._built, ops_pkg.operator_table):
         cached.cache_clear()
+    numpy_backend._tables.cache_clear()
     host.reset()        # the process-wide plugin host registered the old specs
     monkeypatch.setattr(sim_kernels, "KERNELS", {})
     monkeypatch.setattr(sim_kernels, "_loaded", False)
@@ -85,6 +111,43 @@ def test_an_operator_added_as_a_family_file_is_partitioned_and_runs_everywhere(n
     np.testing.assert_array_equal(sim.run({"x": x})["y"], want)
     cpu = InferenceSession(data, target="cpu", backend="numpy")
     np.testing.assert_array_equal(cpu.run({"x": x})["y"], want)
+
+
+def one_op_model(name, in_type, out_type):
+    b = ModelBuilder()
+    x = b.input("x", (1, 6, 6, 16), in_type[0], scale=in_type[1], zero_point=in_type[2])
+    y = b.tensor("y", (1, 6, 6, 16), out_type[0], scale=out_type[1], zero_point=out_type[2])
+    b.op(name, [x], [y])
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("in_type, out_type", [
+    ((np.int8, 0.1, 3), (np.int8, 0.07, -5)),           # multiplier above 1
+    ((np.int8, 0.02, -128), (np.int8, 0.3, 17)),        # below 1
+    ((np.uint8, 0.05, 128), (np.uint8, 0.011, 100)),    # uint8, clamped at both ends
+])
+def test_a_family_file_kernel_requantizes_with_coralrt_ops_arith(new_family, in_type, out_type):
+    """The family file's requantizing kernel, bit for bit LiteRT's BUILTIN_REF
+    Requantize (its QUANTIZE between 8-bit types; LiteRT has no other builtin
+    operator of that arithmetic), on the simulated Edge TPU and on the NumPy
+    backend."""
+    from kernels.harness import run_reference
+    model = one_op_model("Rescale", in_type, out_type)
+    plan = partition(model, "multi", rules=PluginHost([]).ops.rules())
+    assert [o.target for o in plan.ops] == ["tpu"]
+    info = np.iinfo(in_type[0])
+    x = np.random.default_rng(29).integers(info.min, info.max + 1, (1, 6, 6, 16)).astype(
+        in_type[0])
+    x.flat[:2] = info.min, info.max
+    want = run_reference(write_model(one_op_model("QUANTIZE", in_type, out_type)), [x])[0]
+    data = write_model(model)
+    sim = InferenceSession(data, target="sim")
+    assert sim.compile_info["summary"]["tpu_ops"] == 1
+    np.testing.assert_array_equal(sim.run({"x": x})["y"], want)
+    cpu = InferenceSession(data, target="cpu", backend="numpy")
+    np.testing.assert_array_equal(cpu.run({"x": x})["y"], want)
+    assert len(np.unique(want)) > 10            # a real rescaling, not a constant
 
 
 def test_every_spec_lives_in_one_family_and_names_importable_kernels():

@@ -29,6 +29,7 @@ the runner without a memory plan.  Input shapes are static.
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from time import perf_counter as _clock
 from typing import Any
 
@@ -66,17 +67,18 @@ def _by_type(float_kernel, eight_bit):
     return lambda ctx: (float_kernel if is_float(ctx.inputs[0]) else eight_bit)(ctx)
 
 
-# The dispatch tables, from the operator specs' NumPy kernels (coralrt.ops),
-# built once at import (this module imports every kernel library anyway).
-#: float32/float16 tensors: picked over the simulated Edge TPU's 8-bit kernels.
-FLOAT_KERNELS = kernel_table("numpy_float")
-#: int32/int64 tensors without quantization.
-WIDE_INT_KERNELS = kernel_table("numpy_wide_int")
-#: Any type, picked first: the ``numpy_any`` kernels, and the 8-bit kernels of
-#: operators the simulated Edge TPU does not have, by type.
-_OTHER_KERNELS = {**kernel_table("numpy_any"),
-                  **{name: _by_type(FLOAT_KERNELS[name], eight_bit)
-                     for name, eight_bit in kernel_table("numpy_8bit").items()}}
+@lru_cache(maxsize=1)
+def _tables() -> tuple[dict, dict, dict]:
+    """The dispatch tables, from the operator specs' NumPy kernels (coralrt.ops),
+    built on the first load: float32/float16 tensors (picked over the simulated
+    Edge TPU's 8-bit kernels); int32/int64 tensors without quantization; any
+    type, picked first: the ``numpy_any`` kernels, and the 8-bit kernels of
+    operators the simulated Edge TPU does not have, by type."""
+    float_kernels = kernel_table("numpy_float")
+    other = {**kernel_table("numpy_any"),
+             **{name: _by_type(float_kernels[name], eight_bit)
+                for name, eight_bit in kernel_table("numpy_8bit").items()}}
+    return float_kernels, kernel_table("numpy_wide_int"), other
 
 
 # -- the model as the runner sees it -------------------------------------------------------
@@ -168,16 +170,17 @@ def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
     if op.opcode == CUSTOM and name == _EDGETPU_OP:
         refuse("the model is compiled for the Edge TPU; the numpy backend runs the "
                "uncompiled model")
-    if name in _OTHER_KERNELS:
-        return _OTHER_KERNELS[name]
+    float_kernels, wide_int_kernels, other_kernels = _tables()
+    if name in other_kernels:
+        return other_kernels[name]
     if any(is_float(t) for t in tensors):
-        factory = FLOAT_KERNELS.get(name)
+        factory = float_kernels.get(name)
         if factory is None:
             refuse(f"the numpy backend has no float kernel for it (float kernels: "
-                   f"{', '.join(sorted(FLOAT_KERNELS))})")
+                   f"{', '.join(sorted(float_kernels))})")
         return factory
-    if name in WIDE_INT_KERNELS and all(is_plain_wide_int(t) for t in tensors):
-        return WIDE_INT_KERNELS[name]
+    if name in wide_int_kernels and all(is_plain_wide_int(t) for t in tensors):
+        return wide_int_kernels[name]
     factory = None if op.opcode == CUSTOM else kernel_for(name)
     if factory is None:
         refuse("the numpy backend has no kernel for it")
