@@ -27,8 +27,9 @@ from conftest import REPO_ROOT
 
 PACKAGE = "coralrt"
 
-# The layer order, bottom (0) to top.  docs/architecture.md ("Layers") shows
-# the same order in prose; this table is the one that is enforced.
+# The layer order, bottom (0) to top: written here only.  docs/architecture.md
+# ("Layers") shows this table, rendered by ``python tests/test_layers.py``
+# (test_the_architecture_doc_shows_the_layers fails until it does).
 #
 # A module belongs to the layer of the longest entry that equals its name or
 # is a dotted prefix of it ("coralrt.sim" holds coralrt.sim.runner but not
@@ -37,33 +38,49 @@ PACKAGE = "coralrt"
 # package missing from the table, and those must be placed here explicitly.
 # Modules of one layer may import each other (the cycle check still applies).
 LAYERS: list[tuple[str, ...]] = [
-    ("coralrt.errors", "coralrt.formats.opnames"),           # 0: import nothing of coralrt
-    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs",  # 1: ops.arith:
-     "coralrt.wheels", "coralrt.ops.arith"),                   #    the kernels' numeric helpers,
-                                                               #    below the specs that use them
-    ("coralrt.model", "coralrt.ops"),                          # 2: ops: the operator specs, read
-                                                               #    by validation and every layer up
-    ("coralrt.tensors",),                                      # 3
-    ("coralrt.formats",),                                      # 4: segment format, memory plan, codec, DWN1
-    ("coralrt.compile",),                                      # 5
-    ("coralrt.sim",),                                          # 6: kernels, runner, latency
-    ("coralrt.runtime",),                                      # 7
-    ("coralrt.backends",),                                     # 8
-    ("coralrt.usb",),                                          # 9
-    ("coralrt.sim.stick",),                                    # 10: the simulated stick (a pyusb backend)
-    ("coralrt.plugins",),                                      # 11
-    ("coralrt.targets",),                                      # 12
-    ("coralrt.session",),                                      # 13
-    ("coralrt.vision", "coralrt.gp"),                          # 14: images in, classes/boxes/masks
-                                                               #     out; arrays in and out (gp)
-    ("coralrt.selftest",),                                     # 14b: `coralrt selftest`'s checks
-    ("coralrt",),                                              # 15: the facade
-    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite",      # 16: tflite: tflite_runtime's API;
-     "coralrt.server", "coralrt.testing"),                     #     server: the compile service;
-                                                               #     testing: builders, simulated sticks
-    ("coralrt.pycoral",),                                      # 17: pycoral's API over coralrt.tflite
-    ("coralrt.compat",),                                       # top: maps tflite_runtime, pycoral
+    ("coralrt.errors", "coralrt.formats.opnames"),
+    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs", "coralrt.wheels",
+     "coralrt.ops.arith"),
+    ("coralrt.model", "coralrt.ops"),
+    ("coralrt.tensors",),
+    ("coralrt.formats",),
+    ("coralrt.compile",),
+    ("coralrt.sim",),
+    ("coralrt.runtime",),
+    ("coralrt.backends",),
+    ("coralrt.usb",),
+    ("coralrt.sim.stick",),
+    ("coralrt.plugins",),
+    ("coralrt.targets",),
+    ("coralrt.session",),
+    ("coralrt.vision", "coralrt.gp"),
+    ("coralrt.selftest",),
+    ("coralrt",),
+    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite", "coralrt.server", "coralrt.testing"),
+    ("coralrt.pycoral",),
+    ("coralrt.compat",),
 ]
+# What an entry holds, where its name does not say it (the docs' table shows it).
+NOTES: dict[str, str] = {
+    "coralrt.errors": "imports nothing of coralrt, like everything in this layer",
+    "coralrt.formats.opnames": "the program formats' table",
+    "coralrt.ops": "the operator specs: validation reads them at load time; they name the "
+                   "kernels of the layers above by `\"module:name\"`",
+    "coralrt.ops.arith": "the kernels' fixed-point and requantization arithmetic, "
+                         "below the specs so that a family file can use it",
+    "coralrt.formats": "segment format, memory plan, codec, DWN1 parsing",
+    "coralrt.sim": "the simulated Edge TPU: kernels, runner, latency; not `coralrt.sim.stick`",
+    "coralrt.sim.stick": "the simulated stick, a pyusb backend",
+    "coralrt.vision": "task helpers: images in; classes, boxes, masks, keypoints out",
+    "coralrt.gp": "array operations on Edge TPUs: numpy arrays in and out",
+    "coralrt.selftest": "the checks of `coralrt selftest`: a stick end to end",
+    "coralrt": "the facade, `coralrt/__init__.py`",
+    "coralrt.tflite": "tflite_runtime's API",
+    "coralrt.server": "the compile service",
+    "coralrt.testing": "model builder, demo model, simulated sticks",
+    "coralrt.pycoral": "pycoral's API over `coralrt.tflite`",
+    "coralrt.compat": "maps `tflite_runtime` and `pycoral` imports",
+}
 # Layer 0 is stricter than "same or lower layer": it imports no coralrt module at all.
 SELF_CONTAINED_LAYER = 0
 
@@ -357,6 +374,35 @@ def test_no_import_cycles():
                                              for c, m in zip(report.cycles, report.components)))
 
 
+# -- the docs' table ------------------------------------------------------------------------
+
+ARCHITECTURE = REPO_ROOT / "docs" / "architecture.md"
+TABLE_START, TABLE_END = "<!-- layers: start -->", "<!-- layers: end -->"
+
+
+def layer_table() -> str:
+    """The Markdown table of LAYERS and NOTES, as docs/architecture.md shows it."""
+    rows = ["| layer | modules |", "|---|---|"]
+    for index, entries in enumerate(LAYERS):
+        cells = [f"`{e}` ({NOTES[e]})" if e in NOTES else f"`{e}`" for e in entries]
+        rows.append(f"| {index} | {', '.join(cells)} |")
+    return "\n".join(rows)
+
+
+def _doc_parts() -> tuple[str, str, str]:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    head, rest = text.split(TABLE_START + "\n", 1)
+    table, tail = rest.split(TABLE_END, 1)
+    return head, table.strip(), tail
+
+
+def test_the_architecture_doc_shows_the_layers():
+    assert _doc_parts()[1] == layer_table(), (
+        "docs/architecture.md's layer table differs from LAYERS: run "
+        "`python tests/test_layers.py` to write it")
+    assert set(NOTES) <= {e for entries in LAYERS for e in entries}, "a note for no entry"
+
+
 # -- the checker itself ---------------------------------------------------------------------
 
 _TINY_LAYERS = [("pkg.errors",), ("pkg.low",), ("pkg.high",), ("pkg",)]
@@ -431,3 +477,9 @@ def test_layer_zero_imports_nothing(tmp_path):
     assert report.violations == [
         "pkg/zero2.py:1: pkg.zero2 [layer 0 (pkg.zero2)] imports pkg.low "
         "[layer 0 (pkg.low)]; layer 0 imports nothing of pkg"]
+
+
+if __name__ == "__main__":       # rewrite docs/architecture.md's layer table from LAYERS
+    head, _, tail = _doc_parts()
+    ARCHITECTURE.write_text(f"{head}{TABLE_START}\n{layer_table()}\n{TABLE_END}{tail}",
+                            encoding="utf-8")

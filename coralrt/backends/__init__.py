@@ -11,9 +11,6 @@ coralrt's own NumPy kernels where no interpreter is installed.
 that translates their errors; ``numpy_backend.py`` the ``numpy`` backend, for
 machines without LiteRT wheels (32-bit ARM, RISC-V...), imported only when it
 is asked for.
-
-May import (layer 8): errors, version, config, fileio, model, tensors,
-formats, compile, sim (not sim.stick), runtime.
 """
 
 from __future__ import annotations

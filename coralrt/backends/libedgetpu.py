@@ -14,8 +14,6 @@ loaded in a child process (:func:`~coralrt.backends.libedgetpu_probe.probe`),
 which reports what happened; a crash, an error or a timeout there becomes a
 :class:`~coralrt.errors.DriverUnavailableError` and the user's process
 never loads it.
-
-May import (layer 8, like the other backends): errors, config, model, formats, runtime.
 """
 
 from __future__ import annotations

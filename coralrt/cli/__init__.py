@@ -6,7 +6,4 @@ own module with an ``add_parser`` function and a ``command`` function; the
 helpers that build results (``inspect_cmd.model_report``) are importable so
 that other commands and tests share them.  ``demo_model.py`` builds the
 built-in demo model with coralrt's own model writer.
-
-May import (layer 15, the top): every other part of coralrt, the
-``coralrt`` facade included.
 """

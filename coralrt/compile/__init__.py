@@ -12,6 +12,4 @@ its index by source model; ``cache_upkeep.py``, eviction and clearing;
 ``cache_archive.py`` and ``cache_import.py``, export and import;
 ``digest.py``) and the just-in-time front (``jit.py``).  Nothing in it is
 used by the ``cpu`` target.
-
-May import: errors, config, model, tensors, formats.
 """

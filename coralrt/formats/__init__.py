@@ -11,7 +11,4 @@ the early table layout), ``dwn1_schema.py`` (field tables, enums kept as
 numbers when unknown) and ``flexreader.py`` (the FlexBuffer wrapper of a
 package) parse edgetpu_compiler's DWN1 packages; ``crc.py`` combines
 CRC-32s of pieces (the compile cache checks segment CRCs with it).
-
-May import: errors, config, model (``opnames`` imports nothing, so the model
-layer may use it).
 """

@@ -16,9 +16,6 @@ Modules: :mod:`~coralrt.gp.context` (Context, sessions, tasks),
 :mod:`~coralrt.gp.tile_models` (the generated models),
 :mod:`~coralrt.gp.scheduler` (tile jobs over several sticks),
 :mod:`~coralrt.gp.checks` (operand checks).
-
-May import: coralrt.session, coralrt.model, coralrt.sim, coralrt.usb,
-coralrt.errors; nothing below it imports it.
 """
 
 from coralrt.gp.context import OPERATIONS, Context

@@ -10,8 +10,6 @@ is free first.  This is the placement rule the GPTPU runtime describes
 (``../shared/reference/gptpu.md``).  Workers wait on their device with the
 interpreter lock released (the USB driver and the simulated stick both do), so
 several sticks overlap.
-
-May import (layer 14): the standard library.
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ bounds-checked flatbuffer codec driven by it; ``reader.py`` and
 ``shapes.py`` infers the output shapes of custom operators whose file
 declares none; ``compiled.py`` knows compiled models.  See
 docs/model-layer.md.
-
-May import (layer 2): errors, formats.opnames, version, config, fileio.
 """
 
 from coralrt.model.reader import load_model, read_bytes

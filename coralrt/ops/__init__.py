@@ -19,10 +19,10 @@ through ``coralrt_register_ops`` like any plugin (``coralrt/plugins/builtins.py`
 so a third-party operator wins over a built-in one by the one precedence rule
 of ``coralrt/plugins/registry.py``.
 
-Layering: this package sits with ``coralrt.model`` (layer 2), because
+Layering: this package sits in the layer of ``coralrt.model`` (``tests/test_layers.py``), because
 validation reads it at load time, below everything else that reads it.  It
 imports only errors, model and its subpackage :mod:`coralrt.ops.arith`
-(layer 1: the fixed-point and requantization helpers, working arrays and
+(a layer lower: the fixed-point and requantization helpers, working arrays and
 row bands kernels share).  A new operator's kernels (sim and NumPy) are
 written in its family file with those helpers; the existing kernels mostly
 live in the kernel libraries of the layers above (``coralrt/sim/kernels``,

@@ -9,8 +9,4 @@ skipped with a warning (``CORALRT_PLUGINS_STRICT=1``: an error).
 record of each (what ``coralrt plugins`` lists).  ``builtins.py`` is
 coralrt's own plugin: the native and edgetpu_compiler compilers and the
 ``sim`` device kind.
-
-May import: errors, config, model, tensors, formats, compile, sim, runtime,
-backends, usb (the built-ins wire those together).  Imported by: targets,
-session, the facade, cli.
 """

@@ -7,8 +7,6 @@ with the reason and measurements).  The test models are pinned by SHA-256
 libedgetpu, the yardstick, is only ever
 loaded in child processes (:mod:`coralrt.selftest.libedgetpu`).  See
 docs/hardware-validation.md.
-
-May import: everything below the facade (usb, sim.stick, session ...).
 """
 
 from __future__ import annotations

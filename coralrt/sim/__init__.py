@@ -5,7 +5,4 @@ semantics), ``runner.py`` runs a native segment with them, ``latency.py``
 estimates what a real USB Accelerator would take.  ``stick/`` is the
 simulated Coral USB Accelerator: a pyusb backend that the real driver talks
 to, in a layer of its own above ``usb``.
-
-May import (kernels, runner, latency): errors, config, model, tensors,
-formats, compile.  ``stick/`` may also import runtime and usb.
 """

@@ -11,8 +11,6 @@ programs) and ``exchange.py`` what one run sends and reads; ``discovery.py``,
 ``dfu.py``, ``firmware.py``, ``bringup.py``, ``transport.py``, ``framing.py``,
 ``handles.py``, ``transforms.py``, ``lock.py``, ``extension.py``, ``udev.py``
 and ``constants.py`` the rest.  See docs/usb.md.
-
-May import: errors, config, model, tensors, formats, runtime.
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@ A rewrite is an object with
 
 Built-in rewrites are registered through the ``coralrt_register_rewrites``
 plugin hook like any other (``coralrt/plugins/builtins.py``).
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model.
 """
 
 from __future__ import annotations

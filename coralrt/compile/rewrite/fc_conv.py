@@ -56,9 +56,6 @@ scaled accumulator lies within rounding distance of a half-way point can move
 by one unit: measured at most 1 LSB on 0.05-0.25 % of the outputs of random
 test layers.  The simulated Edge TPU's CONV_2D rescales in fixed point like
 LiteRT's convolution, and matches the rewritten graph bit for bit.
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model, coralrt.compile.checks
-and coralrt.compile.rules.
 """
 
 from __future__ import annotations

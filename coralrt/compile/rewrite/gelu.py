@@ -99,8 +99,6 @@ Numerical cost (measured)
   from [-1, 1] to [-40, 40] the error stays below the approximation's error
   on the range plus one output unit (measured up to 0.93 units over it, on
   [-1, 1]).
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model.
 """
 
 from __future__ import annotations

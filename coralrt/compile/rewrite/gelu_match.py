@@ -6,8 +6,6 @@ as a polynomial in a candidate x and must equal sqrt(2/pi) (x + 0.044715 x^3);
 those behind it must equal 0.5 x + 0.5 x tanh.  Constants may sit on either
 side, be scalars or one-element tensors, and be quantized (compared within
 2 %).
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model.
 """
 
 from __future__ import annotations

@@ -15,8 +15,6 @@ rewrite started from while it works.  New operators take the place of the
 last operator they replace; the subgraph is re-sorted topologically if that
 is not enough, and tensors nothing uses any more are dropped with their
 buffers.
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model.
 """
 
 from __future__ import annotations

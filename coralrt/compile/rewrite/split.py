@@ -49,9 +49,6 @@ concatenating them copies the same bytes.
 
 CONCATENATION is version 2 for int8 and 1 for uint8 (the Edge TPU takes up to
 3) and has no constant inputs, so ``concat_constants`` never applies.
-
-May import (layer 5): numpy, coralrt.errors, coralrt.model, coralrt.compile.checks
-and coralrt.compile.rules.
 """
 
 from __future__ import annotations

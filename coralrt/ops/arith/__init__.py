@@ -15,8 +15,8 @@ file of :mod:`coralrt.ops` can write a kernel with them.
 
 (The quantized range of a fused activation is :func:`coralrt.ops.fused.activation_range`.)
 
-Layering: layer 1 (``tests/test_layers.py``), below the specs: these modules
+Layering: below the specs (``tests/test_layers.py``): these modules
 import nothing of coralrt but :mod:`coralrt.errors`.  A kernel factory receives
-a ``coralrt.sim.kernels.OpContext`` (layer 6); a helper here that takes one
+a ``coralrt.sim.kernels.OpContext`` (a higher layer); a helper here that takes one
 names it in a string annotation and does not import it.
 """

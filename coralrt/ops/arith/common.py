@@ -1,7 +1,5 @@
 """Small helpers kernel factories share: refusing an operator, the codes of an
 8-bit type, and TFLite's convolution and pooling geometry.
-
-May import (layer 1): errors, numpy and the standard library.
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ MobileNet v2 5-10 % slower, and even two independent inferences in two
 processes gained only 1.13x in throughput, the cores sharing the memory
 bandwidth these element-wise loops are bound by (docs/simulator.md, "Speed
 of the simulation").  Machines whose cores scale can opt in.
-
-May import (layer 1, coralrt.ops.arith): errors and the standard library.
 """
 
 from __future__ import annotations

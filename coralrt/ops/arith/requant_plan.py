@@ -3,8 +3,6 @@ is explained in coralrt/ops/arith/requant.py): the range of accumulators
 that can still change each channel's output, found by searching TFLite's
 integer formula; the float64 constants with their exactness bounds; the
 float32 constants with their proof; and whether the results fit int16.
-
-May import (layer 1): numpy and the rest of coralrt.ops.arith.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ thread asks the same arena for the same name again.  So a temporary may only
 be used inside the kernel call that took it, and an array handed to a
 caller must never be one of them: :meth:`Arena.owns` tells, and the segment
 runner copies such outputs (coralrt/sim/runner.py).
-
-May import (layer 1, coralrt.ops.arith): numpy and the standard library.
 """
 
 from __future__ import annotations

@@ -20,9 +20,6 @@ tests/kernels compare them on generated single-operator models.
 
 Variable tensors (LSTM state) are passed as arrays the kernel may update in
 place; they persist across runs of the segment.
-
-May import (layer 6): errors, version, config, fileio, model, tensors,
-formats, compile, and the rest of sim (not sim.stick).
 """
 
 from __future__ import annotations

@@ -6,9 +6,6 @@ errors libusb raises), ``dfu.py``, ``registers.py``, ``descriptors.py`` and
 ``bulk.py`` (framing, segments, DWN1 streams).  The driver in
 :mod:`coralrt.usb` talks to it with ordinary pyusb calls and learns what it
 needs beyond pyusb through :class:`coralrt.usb.extension.BackendExtension`.
-
-May import: errors, config, model, tensors, formats, compile, sim (kernels,
-runner, latency), runtime, usb.
 """
 
 from __future__ import annotations
