@@ -4,8 +4,9 @@
     sess = InferenceSession("model.tflite", target="cpu")
     outputs = sess.run({"input": image})
 
-The public facade: the session, the model layer's entry points, tensor
-descriptions, the plugin marker, and (imported on first use, since they pull
+The public facade (``docs/api.md``): the session and its options, the model
+layer's entry points, tensor descriptions, the plugin marker, target
+registration, and (imported on first use, since they pull
 in the USB driver and the compile cache) ``open_device``, ``list_devices``,
 ``EdgeTpuDevice`` and ``CompileCache``.
 """
@@ -18,12 +19,16 @@ from coralrt.errors import CoralRTError
 from coralrt.model import Model, load_model
 from coralrt.plugins.hookspecs import hookimpl
 from coralrt.session import TARGETS, InferenceSession, SessionOptions
+from coralrt.targets import Target, prepare_on_device
+from coralrt.targets import register as register_target
+from coralrt.targets import unregister as unregister_target
 from coralrt.tensors import TensorInfo, dequantize, quantize
 
 __all__ = [
-    "InferenceSession", "SessionOptions", "TARGETS", "TensorInfo", "Model", "load_model", "quantize",
-    "dequantize", "CoralRTError", "hookimpl", "open_device", "list_devices",
-    "EdgeTpuDevice", "CompileCache", "__version__",
+    "InferenceSession", "SessionOptions", "TARGETS", "TensorInfo", "Model", "load_model",
+    "quantize", "dequantize", "CoralRTError", "hookimpl", "open_device", "list_devices",
+    "EdgeTpuDevice", "CompileCache", "__version__", "Target", "register_target",
+    "unregister_target", "prepare_on_device",
 ]
 
 # name -> module that defines it; imported when first asked for.

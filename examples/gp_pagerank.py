@@ -44,7 +44,7 @@ def random_graph(n: int, seed: int) -> np.ndarray:
 def pick_target(target: str) -> str:
     if target == "auto":
         try:
-            from coralrt.usb import list_devices
+            from coralrt import list_devices
             return "coral" if list_devices() else "cpu"
         except Exception:                    # no libusb, no permission: no sticks
             return "cpu"

@@ -27,8 +27,7 @@ import argparse
 import json
 import time
 
-from coralrt import InferenceSession, vision
-from coralrt.usb import list_devices
+from coralrt import InferenceSession, vision, list_devices
 
 
 def open_two_sticks(target):
@@ -41,7 +40,7 @@ def open_two_sticks(target):
     if target == "cpu":
         return "cpu", None
     if target == "sim":
-        from coralrt.sim.stick import open_simulated_sticks
+        from coralrt.testing import open_simulated_sticks
         return "sim", open_simulated_sticks(2)
     return "coral", ["usb:0", "usb:1"]      # paths: the session opens and closes them
 

@@ -23,7 +23,7 @@ import argparse
 
 import numpy as np
 
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 SIZE = 64        # input width and height
 GRID = 4         # GRID x GRID cells, one box each

@@ -24,8 +24,7 @@ and run the a_edgetpu.tflite and b_edgetpu.tflite it writes (docs/cli.md).
 import argparse
 import time
 
-from coralrt import InferenceSession, vision
-from coralrt.usb import list_devices, open_device
+from coralrt import InferenceSession, vision, list_devices, open_device
 
 
 def open_one_stick(target):
@@ -38,7 +37,7 @@ def open_one_stick(target):
     if target == "cpu":
         return "cpu", None
     if target == "sim":
-        from coralrt.sim.stick import open_simulated_sticks
+        from coralrt.testing import open_simulated_sticks
         return "sim", open_simulated_sticks(1)[0]
     return "coral", open_device("usb:0")
 

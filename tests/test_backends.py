@@ -295,7 +295,7 @@ def test_model_only_the_xnnpack_delegate_refuses_runs_without_it(caplog):
     import logging
 
     from coralrt import InferenceSession
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
     from tests.conftest import run_litert
 
     b = ModelBuilder()

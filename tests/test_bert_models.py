@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import run_litert
 
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.types import TENSOR_TYPES
 from support.bert_models import PRESETS, BertConfig, bert_encoder, build_bert
 

@@ -15,7 +15,7 @@ from support.bert_models import PRESETS, build_bert
 from coralrt import InferenceSession
 from coralrt.compile.partition import partition
 from coralrt.compile.rewrite import run_rewrites, select_rewrites
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.plugins.host import plugin_host
 
 INPUTS = 12

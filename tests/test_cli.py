@@ -19,10 +19,10 @@ from coralrt import InferenceSession, TensorInfo
 from coralrt.errors import COMPILER_HELP
 from coralrt.cli.main import main
 from coralrt.cli.run_cmd import random_input
-from coralrt.cli.demo_model import build_demo_model, demo_input
+from coralrt.testing import build_demo_model, demo_input
 from coralrt.formats.opnames import SEGMENT_OP
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 
 MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"
 # Files that are not valid models at all: inspect must refuse them.

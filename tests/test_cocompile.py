@@ -25,7 +25,7 @@ from coralrt.cli.main import main
 from coralrt.compile.whole import merge_segments
 from coralrt.errors import ModelError
 from coralrt.formats.opnames import EDGETPU_OP
-from coralrt.model import load_model
+from coralrt import load_model
 
 FAKE = Path(__file__).parent / "support" / "fake_edgetpu_compiler.py"
 V1 = "mobilenet_v1_0.25_128_quant"
@@ -238,8 +238,8 @@ def test_merged_model_pipelines_over_sticks_and_extra_sticks_stay_idle(caplog):
     # Google's programs (test mode of tests/support/sim.py): shapes, not values.
     from support.sim import accept_dwn1
 
-    from coralrt.sim.stick import SimulatedBackend
-    from coralrt.usb import open_device
+    from coralrt.testing import SimulatedBackend
+    from coralrt import open_device
 
     compiled, pieces = _deeplab_pieces()
     data = merge_segments(pieces, compiled).to_bytes()
@@ -361,7 +361,7 @@ def test_existing_output_needs_force(env, tmp_path, capsys):
 def _sim_stick():
     from support.sim import dwn1_backend
 
-    from coralrt.usb import open_device
+    from coralrt import open_device
     backend = dwn1_backend(time_scale=0.0, lock_scope="process")
     return backend, open_device(None, backend)
 

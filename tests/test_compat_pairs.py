@@ -18,7 +18,7 @@ from coralrt.compile.pairs import (
     PairError, compare_models, compare_pair, compiler_mapping, find_pairs, plain_for,
 )
 from coralrt.compile.partition import partition
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import compat_pairs  # noqa: E402

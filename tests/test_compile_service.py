@@ -358,8 +358,8 @@ def test_session_on_coral_compiles_through_the_service(tmp_path, monkeypatch, fr
     from support.sim import accept_dwn1
 
     from coralrt import InferenceSession
-    from coralrt.sim.stick import SimulatedBackend
-    from coralrt.usb import open_device
+    from coralrt.testing import SimulatedBackend
+    from coralrt import open_device
 
     monkeypatch.setenv(config.CACHE_DIR, str(tmp_path / "client-cache"))
     stick = open_device(None, accept_dwn1(SimulatedBackend(firmware_loaded=True,

@@ -13,7 +13,7 @@ from coralrt import InferenceSession
 from coralrt.cli.main import main
 from coralrt.compile.segments import compile_model
 from coralrt.errors import ModelError
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.compiled import compiled_by, expected_plain, plain_sibling
 from tests.conftest import random_inputs, shared_model
 

@@ -12,14 +12,14 @@ import coralrt
 from coralrt import InferenceSession
 from coralrt.compile.base import Compiler, SegmentNotMapped, as_compiler
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
-from coralrt.compile.native import NativeCompiler
+from coralrt.plugins import NativeCompiler
 from coralrt.compile.remote import RemoteCompiler
 from coralrt.compile.segments import compile_model
 from coralrt.errors import SegmentNotMapped as ErrorsSegmentNotMapped
 from coralrt.formats import segment as seg_format
 from coralrt.formats import segment_codec
 from coralrt.formats.opnames import SEGMENT_OP
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.plugins.host import PluginHost
 
 MODEL = "split_concat.tflite"

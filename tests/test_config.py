@@ -264,8 +264,8 @@ def test_a_lock_dir_in_a_parent_others_can_write_to_is_refused(env, tmp_path, pa
 @posix_owners
 def test_open_device_refuses_an_unsafe_lock_dir_before_touching_the_stick(env, tmp_path):
     from coralrt.errors import DevicePermissionError
-    from coralrt.sim.stick import SimulatedBackend
-    from coralrt.usb import open_device
+    from coralrt.testing import SimulatedBackend
+    from coralrt import open_device
 
     shared = tmp_path / "shared"
     shared.mkdir()

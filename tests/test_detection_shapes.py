@@ -18,7 +18,7 @@ from conftest import run_litert, shared_model, shared_model_names
 from coralrt import InferenceSession
 from coralrt.cli.main import main
 from coralrt.cli.run_cmd import detections, make_inputs
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.shapes import DETECTION_POSTPROCESS, inferred_shapes
 from coralrt.model.writer import write_model
 from coralrt.tensors import TensorInfo, tensor_infos

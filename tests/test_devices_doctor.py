@@ -21,7 +21,7 @@ from coralrt.cli.main import main
 from coralrt.errors import BackendUnavailableError, DeviceError
 from coralrt.usb import firmware, list_devices
 from coralrt.usb.discovery import DeviceInfo
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 
 RULES_FILE = REPO_ROOT / "udev" / "99-coralrt.rules"
 IMAGE = b"\x5a" * 4096  # stands in for the firmware image; tests pin its sha256
@@ -417,7 +417,7 @@ def test_pi_guide_python_example_runs_on_the_simulated_stick(monkeypatch, capsys
     assert "_sim_device()" in code
     from support.sim import dwn1_backend
 
-    from coralrt.usb import open_device
+    from coralrt import open_device
     monkeypatch.chdir(model.parent)
     opened = []
     scope = {"_sim_device": lambda: opened.append(open_device(backend=dwn1_backend())) or opened[-1]}

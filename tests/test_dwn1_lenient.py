@@ -26,10 +26,10 @@ from coralrt.formats.dwn1 import (
 )
 from coralrt.formats.dwn1_schema import LAYOUT, TABLES, UNIONS, binary_strings
 from coralrt.formats.flexreader import FlexReader
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.flatbuf import decode_root
 from coralrt.model.writer import write_model
-from coralrt.usb import open_device
+from coralrt import open_device
 
 V1 = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 EARLY = "mobilenet_quant_v1_224_feature_layers-custom_op.tflite"

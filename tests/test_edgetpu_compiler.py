@@ -35,7 +35,7 @@ from coralrt.errors import (
     CompileError, CompilerUnavailableError, ConfigError, CoralRTError, SegmentNotMapped,
     TargetUnavailableError,
 )
-from coralrt.model import load_model
+from coralrt import load_model
 
 FAKE = Path(__file__).parent / "support" / "fake_edgetpu_compiler.py"
 VERSION = "16.0.384591198"
@@ -489,8 +489,8 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
 
     from coralrt import InferenceSession
     from coralrt.errors import ProgramRefusedError
-    from coralrt.sim.stick import SimulatedBackend
-    from coralrt.usb import open_device
+    from coralrt.testing import SimulatedBackend
+    from coralrt import open_device
 
     env.setenv("PATH", str(fake.parent))
     backend = SimulatedBackend(firmware_loaded=True, time_scale=0.0, lock_scope="process")
@@ -544,7 +544,7 @@ def test_target_coral_parses_a_plain_model_once(fake, env, fresh_plugins, monkey
     from coralrt import InferenceSession
     from coralrt.compile.cache import CompileCache
     from coralrt.model import reader
-    from coralrt.usb import open_device
+    from coralrt import open_device
 
     source = shared_model(f"{DEEPLAB}.tflite").read_bytes()
     parsed = []    # parses of the source (edgetpu_compiler's own outputs are parsed too)

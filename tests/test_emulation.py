@@ -32,7 +32,7 @@ from coralrt.cli.main import main
 from coralrt.compile import emulation
 from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.errors import COMPILER_HELP, CompileError, CompilerUnavailableError, ConfigError
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.plugins import builtins
 from coralrt.plugins.registry import CompilerRegistry
 

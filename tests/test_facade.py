@@ -17,7 +17,7 @@ def test_every_public_name_resolves():
 def test_lazy_names_are_the_objects_of_their_homes():
     from coralrt.compile.cache import CompileCache
     from coralrt.runtime.device import EdgeTpuDevice
-    from coralrt.usb import list_devices, open_device
+    from coralrt import list_devices, open_device
 
     assert coralrt.open_device is open_device and coralrt.list_devices is list_devices
     assert coralrt.EdgeTpuDevice is EdgeTpuDevice and coralrt.CompileCache is CompileCache

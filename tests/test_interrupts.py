@@ -37,9 +37,7 @@ from coralrt import InferenceSession
 from coralrt.compile.cache import CompileCache
 from coralrt.compile.partition import partition
 from coralrt.errors import CoralRTError, InferenceError
-from coralrt.model.builder import ModelBuilder
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.sim.stick.device import simulated_stick
+from coralrt.testing import ModelBuilder, SimulatedBackend, simulated_stick
 from coralrt.usb.driver import UsbEdgeTpu
 
 SOAK = os.environ.get("CORALRT_SOAK", "") not in ("", "0")

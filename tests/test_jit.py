@@ -22,7 +22,7 @@ from coralrt.compile.jit import jit_compile
 from coralrt.compile.segments import compile_model
 from coralrt.formats.opnames import SEGMENT_OP
 from coralrt.errors import ModelError
-from coralrt.model import load_model
+from coralrt import load_model
 
 MODEL = "deeplabv3_mnv2_dm05_pascal_quant.tflite"
 
@@ -183,7 +183,7 @@ def test_segments_whose_activations_overflow_the_chip_are_split():
     import numpy as np
 
     from coralrt.compile.rules import UNSPECIFIED_LIMITATION
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     q = dict(scale=0.02, zero_point=128)
@@ -244,7 +244,7 @@ def conv_model(path, seed: int, segments: int = 1):
     """1x1 convolutions with weights drawn from ``seed`` (separated by DEQUANTIZE +
     QUANTIZE when ``segments`` > 1, so each is its own Edge TPU segment): models
     with one interface and different answers."""
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     rng = np.random.default_rng(seed)
     b = ModelBuilder()

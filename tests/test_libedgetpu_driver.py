@@ -35,7 +35,7 @@ from coralrt.errors import (
     ModelError,
     TargetUnavailableError,
 )
-from coralrt.model import load_model
+from coralrt import load_model
 
 # The driver loads the Edge TPU delegate into a LiteRT interpreter.
 pytestmark = pytest.mark.needs_litert("the libedgetpu driver runs inside LiteRT's interpreter")
@@ -214,7 +214,7 @@ def test_the_variable_is_not_applied_to_cpu_and_sim(target, monkeypatch, caplog)
 
 def test_auto_never_picks_libedgetpu(monkeypatch, tmp_path, caplog):
     from tests.support.sim import dwn1_backend
-    from coralrt.usb import open_device
+    from coralrt import open_device
 
     monkeypatch.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(via, "probe", no_probe)

@@ -9,8 +9,8 @@ import pytest
 from conftest import model_params, random_inputs, run_litert, shared_model, shared_model_names
 
 from coralrt.errors import ModelError
-from coralrt.model import Model, load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import Model, load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.extract import boundary, extract
 
 # Plain models LiteRT can run by itself (no third-party custom op).

@@ -28,7 +28,7 @@ from coralrt.errors import ExecutableError, ModelError
 from coralrt.formats import dwn1
 from coralrt.formats.flexreader import FlexReader
 from coralrt.model import flatbuf, load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 CHILD_TIMEOUT = 20.0   # a regression takes minutes and gigabytes; fail instead
 # CPU seconds of the call (wall time swings with whatever else the machine
@@ -90,7 +90,7 @@ def run_isolated(data: bytes, call: str, tmp_path) -> dict:
     path.write_bytes(data)
     code = textwrap.dedent(f"""
         import json, sys, time
-        from coralrt.model import load_model
+        from coralrt import load_model
         from coralrt.formats.dwn1 import parse_package
         from coralrt.model.custom_options import decode_flexbuffer_map
         data = open({str(path)!r}, "rb").read()

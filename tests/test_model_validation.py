@@ -321,7 +321,7 @@ def test_lstm_input_gate_bias_may_be_omitted_only_without_input_gate():
 
 
 def _if_model(branch_reads_second: bool):
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
     from coralrt.model.types import Model
 
     def branch(op_name):
@@ -383,7 +383,7 @@ def test_optional_input_tables_name_builtin_operators():
 # -- model defects are model errors ----------------------------------------------------------
 
 def _sparse_reshape(stored, dim_metadata, traversal_order=(0,), block_map=None) -> bytes:
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (1, 8), np.float32)
@@ -445,7 +445,7 @@ def test_sparse_reshape_shape_that_litert_misreads_is_rejected(stored, meta, mat
 
 
 def _conv_model(extra_output: str) -> bytes:
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (1, 8, 8, 4), np.uint8, scale=0.05, zero_point=128)
@@ -522,9 +522,8 @@ def test_lstm_recurrent_weights_need_a_row_per_cell():
 def test_an_operator_with_a_sparse_operand_stays_on_the_cpu_on_sim():
     # Segments carry dense constants only: a quantized RESHAPE whose shape operand is
     # sparse (stored in order, which LiteRT reads correctly) runs on the CPU under sim.
-    from coralrt import InferenceSession
-    from coralrt.model import load_model
-    from coralrt.model.builder import ModelBuilder
+    from coralrt import InferenceSession, load_model
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (1, 8), np.uint8, scale=0.5, zero_point=10)
@@ -565,7 +564,7 @@ def _runs_like_litert(data: bytes, feeds: list, sim: bool = True) -> None:
 def _lstm_cell_gate(out_scale: float) -> bytes:
     """The shape of the AutoML video model's LSTM cell gate: a MUL whose output
     scale (here out_scale) is tiny, added to another product at a normal scale."""
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     c = b.input("c", (1, 4, 4, 8), np.uint8, scale=0.0235294, zero_point=0)
@@ -618,7 +617,7 @@ def test_simulated_edge_tpu_declines_zero_points_outside_the_spec():
     # simulated Edge TPU keeps to TFLite's quantization spec and says so.
     from coralrt import InferenceSession
     from coralrt.errors import CoralRTError
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (1, 8), np.uint8, scale=0.5, zero_point=300)
@@ -637,7 +636,7 @@ def test_simulated_edge_tpu_declines_zero_points_outside_the_spec():
 
 
 def test_high_rank_tensors_run():
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     shape = (1,) * 18 + (2, 3)        # rank 20: the old limit was 16
     b = ModelBuilder()
@@ -650,7 +649,7 @@ def test_high_rank_tensors_run():
 
 
 def test_model_without_operators_runs():
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (1, 4), np.uint8, scale=0.5, zero_point=3)
@@ -660,7 +659,7 @@ def test_model_without_operators_runs():
 
 def test_fully_connected_without_weight_columns_runs():
     # fully_connected.cc sizes the output from the input's outer dimensions.
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
     x = b.input("x", (2, 8), np.float32)
@@ -674,7 +673,7 @@ def test_fully_connected_without_weight_columns_runs():
 
 @pytest.mark.parametrize("rank", [7, 9])
 def test_reshape_to_more_than_six_dimensions_runs(rank):
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     shape = (1,) * (rank - 2) + (2, 3)
     b = ModelBuilder()
@@ -688,7 +687,7 @@ def test_reshape_to_more_than_six_dimensions_runs(rank):
 
 def test_reshape_takes_the_option_when_the_shape_operand_is_not_an_int32_vector():
     # reshape.cc uses the shape operand only when it is a 1-D INT32 tensor.
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
 
     def model(shape_operand, new_shape):
         b = ModelBuilder()

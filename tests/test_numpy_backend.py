@@ -24,8 +24,8 @@ from coralrt.errors import (
     UnsupportedOperatorError,
 )
 from coralrt.formats.segment import build_segment
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.types import numpy_dtype
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}

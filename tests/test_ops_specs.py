@@ -13,7 +13,7 @@ from coralrt import InferenceSession
 from coralrt.backends import numpy_backend
 from coralrt.compile.partition import partition
 from coralrt.compile.rules import default_rules
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 from coralrt.model.writer import write_model
 from coralrt.ops import OpSpec, builtin_specs, family_of, kernel_table, operator_table
 from coralrt.ops.fused import FUSED_BOUNDS, fused_bounds

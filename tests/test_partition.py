@@ -13,8 +13,8 @@ from coralrt.compile import rules as R
 from coralrt.compile.pairs import compiler_mapping
 from coralrt.compile.partition import partition
 from coralrt.errors import ConfigError
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.extract import extract
 
 

@@ -13,8 +13,8 @@ from coralrt.cli.main import main
 from coralrt.cli.partition_cmd import segment_estimates
 from coralrt.cli.partition_html import render_html, render_svg
 from coralrt.compile.partition import partition
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 
 X = "{http://www.w3.org/1999/xhtml}"
 S = "{http://www.w3.org/2000/svg}"

@@ -23,9 +23,9 @@ from coralrt.compile.jit import jit_compile
 from coralrt.runtime.executor import ExecutorProgram, Step, build_program
 from coralrt.runtime.pipeline import PipelinedProgram, build_pipelined_program, stages_of
 from coralrt.errors import ConfigError, DeviceError, InferenceError, InputError
-from coralrt.sim.latency import LatencyModel
-from coralrt.usb import open_device
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import LatencyModel
+from coralrt import open_device
+from coralrt.testing import SimulatedBackend
 
 TIMEOUT = 10.0
 

@@ -20,9 +20,9 @@ import pytest
 import coralrt
 from coralrt import InferenceSession
 from coralrt.cli.main import main
-from coralrt.compile.rules import OpSupport
+from coralrt.plugins import OpSupport
 from coralrt.errors import ConfigError, InferenceError, InputError, PluginError
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 from coralrt.plugins import host as plugin_host_module, hookspecs
 from coralrt.plugins.host import PluginHost, columns
 from coralrt.plugins.registry import BUILTIN

@@ -15,15 +15,14 @@ from conftest import random_inputs, shared_model
 
 import coralrt
 from coralrt import InferenceSession
-from coralrt.compile.native import NativeCompiler
+from coralrt.plugins import NativeCompiler
 from coralrt.compile.rules import OpSupport, OpView
 from coralrt.plugins import hookspecs
 from coralrt.plugins.host import PluginHost, plugin_host
 from coralrt.plugins.registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
 from coralrt.errors import ConfigError, PluginError, UnsupportedOperatorError
 from coralrt.runtime.info import OpInfo, StepInfo
-from coralrt.model.builder import ModelBuilder
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import ModelBuilder, SimulatedBackend
 from coralrt.usb.driver import UsbEdgeTpu
 
 Q = dict(scale=0.05, zero_point=-3)

@@ -13,11 +13,11 @@ from coralrt.formats import segment_codec
 from coralrt.formats.opnames import (
     BY_ID, BY_OP, DEVICE_OPS, DWN1, EDGETPU_OP, FORMATS, SEGMENT, SEGMENT_OP, identify,
 )
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.compiled import compiled_by
 from coralrt.runtime.device import EdgeTpuDevice, RunStats
 from coralrt.runtime.executor import build_program
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.usb import handles, open_device
 from coralrt.usb.extension import PROGRAM_KINDS
 
@@ -26,7 +26,7 @@ EDGETPU_MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 
 def _segment_bytes() -> bytes:
     from coralrt.formats.segment import build_segment
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
     b = ModelBuilder(name="relu")
     x = b.input("x", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
     y = b.tensor("y", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)

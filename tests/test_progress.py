@@ -15,7 +15,7 @@ from coralrt.compile.cache_archive import export_cache
 from coralrt.compile.segments import compile_model
 from coralrt.compile.jit import jit_compile
 from coralrt.compile.partition import partition
-from coralrt.model import load_model
+from coralrt import load_model
 
 pytest.importorskip("tqdm")
 

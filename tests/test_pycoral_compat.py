@@ -451,7 +451,7 @@ def test_package_layout():
 
 def cut(path, bounds):
     """The model at ``path`` cut into segments at the operator indices ``bounds``, as bytes."""
-    from coralrt.model import load_model
+    from coralrt import load_model
     model = load_model(path)
     edges = [0, *bounds, len(model.main.operators)]
     return [model.extract(range(a, b)).to_bytes() for a, b in zip(edges, edges[1:])]

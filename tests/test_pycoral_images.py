@@ -213,7 +213,7 @@ def test_segment_get_output_on_deeplab():
 
 
 def test_pipeline_of_coralrt_interpreters_equals_whole_model(make):
-    from coralrt.model import load_model
+    from coralrt import load_model
     from coralrt.pycoral.pipeline import PipelinedModelRunner
     _, factory = make
     path = shared_model(V1)

@@ -30,7 +30,7 @@ from conftest import (
 
 from coralrt import InferenceSession
 from coralrt.errors import CoralRTError
-from coralrt.model import load_model
+from coralrt import load_model
 
 SHARED = [pytest.param(MODELS_DIR / p.values[0], id=p.id, marks=p.marks)
           if p.values[0] is not None else p for p in shared_model_names(compiled=False)]
@@ -104,7 +104,7 @@ def test_extra_real_model_passes_validation_and_runs(path):
 
 def test_models_shipped_in_the_package_pass_validation():
     import coralrt
-    from coralrt.cli.demo_model import build_demo_model, demo_input
+    from coralrt.testing import build_demo_model, demo_input
 
     shipped = sorted(Path(coralrt.__file__).parent.rglob("*.tflite"))
     for path in shipped:

@@ -18,9 +18,8 @@ from coralrt.errors import (
 from coralrt.runtime.executor import ExecutorProgram
 from coralrt.runtime.pipeline import PipelinedProgram
 from coralrt.runtime.replicate import ReplicatedProgram
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.usb import open_device
+from coralrt.testing import LatencyModel, SimulatedBackend
+from coralrt import open_device
 
 TIMEOUT = 10.0
 NO_CACHE = CompileCache(enabled=False)

@@ -15,8 +15,8 @@ from coralrt.compile.rewrite.base import run_rewrites
 from coralrt.compile.rewrite.fc_conv import FC_AS_CONV
 from coralrt.compile.rewrite.split import SPLIT_EMBEDDING, SPLIT_WIDE, part_sizes
 from coralrt.compile.rules import OpView, default_rules
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from kernels.harness import check
 
 # -- models ---------------------------------------------------------------------------------

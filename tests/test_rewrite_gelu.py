@@ -14,8 +14,8 @@ from coralrt.compile.rewrite import run_rewrites
 from coralrt.compile.rewrite.gelu import (
     FLOAT_MAX_ERROR, GELU_REWRITE, float_max_error, gelu_exact, igelu_float,
 )
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 
 SHAPE = (1, 16, 64)
 EMITTED = ("MUL", "TANH", "MUL", "ADD", "MUL", "MUL", "ADD", "MUL", "ADD", "MUL")

@@ -11,14 +11,14 @@ import pytest
 import coralrt
 from coralrt import InferenceSession
 from coralrt.compile.checks import WIDTH_LIMIT, WIDTH_LIMIT_GELU
-from coralrt.compile.native import NativeCompiler
+from coralrt.plugins import NativeCompiler
 from coralrt.compile.partition import partition
 from coralrt.compile.rewrite import (
     GraphEditor, RewriteRecord, run_rewrites, select_rewrites,
 )
 from coralrt.errors import ConfigError, ModelError, SegmentNotMapped
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.plugins.rewrite_registry import RewriteRegistry
 
 Q = dict(scale=0.05, zero_point=0)

@@ -19,8 +19,8 @@ from coralrt.formats.memplan import (
 from coralrt.formats.segment import Segment, build_segment, check_segment
 from coralrt.formats.segment_codec import HEADER_SIZE, MAGIC, decode, encode
 from coralrt.errors import ModelError, SegmentFormatError, SegmentTooLargeError
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.extract import extract
 from coralrt.model.types import BUILTIN_CODES
 

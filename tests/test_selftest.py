@@ -18,7 +18,7 @@ from coralrt.selftest import libedgetpu as L
 from coralrt.selftest import models as M
 from coralrt.selftest import runner
 from coralrt.selftest.recorder import Transfer, compare_with_trace
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
 
 TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"

@@ -14,8 +14,8 @@ from coralrt import InferenceSession, TensorInfo, dequantize, quantize
 from coralrt.errors import (
     ConfigError, InputError, ModelError, TargetUnavailableError, UnsupportedOperatorError,
 )
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 
 
 @pytest.mark.parametrize("kernels", ["optimized", "reference"])
@@ -284,7 +284,7 @@ def test_depthwise_conv_without_bias_runs_instead_of_crashing(dtype, kernels):
     code = textwrap.dedent(f"""
         import numpy as np
         from coralrt import InferenceSession
-        from coralrt.model.builder import ModelBuilder
+        from coralrt.testing import ModelBuilder
         dt = np.dtype({np.dtype(dtype).name!r})
         q = dict(scale=0.1, zero_point=128) if dt == np.uint8 else {{}}
         b = ModelBuilder()

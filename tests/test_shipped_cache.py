@@ -45,8 +45,8 @@ def machines(tmp_path, monkeypatch):
 def stick():
     from support.sim import accept_dwn1
 
-    from coralrt.sim.stick import SimulatedBackend
-    from coralrt.usb import open_device
+    from coralrt.testing import SimulatedBackend
+    from coralrt import open_device
     device = open_device(None, accept_dwn1(SimulatedBackend(
         firmware_loaded=True, time_scale=0.0, lock_scope="process")))
     yield device

@@ -15,8 +15,8 @@ from conftest import shared_model
 from coralrt import InferenceSession
 from coralrt.errors import ConfigError
 from coralrt.formats.segment import build_segment
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.ops.arith import parallel
 from coralrt.ops.arith.scratch import TEMPORARIES, Arena
 from coralrt.sim.runner import SegmentRunner

@@ -11,9 +11,7 @@ from conftest import model_params, random_inputs, run_litert, shared_model
 from coralrt import InferenceSession
 from coralrt.cli.main import main
 from coralrt.formats.segment import build_segment
-from coralrt.model.builder import ModelBuilder
-from coralrt.sim.stick.device import simulated_stick
-from coralrt.sim.latency import LatencyModel
+from coralrt.testing import ModelBuilder, simulated_stick, LatencyModel
 
 # Every plain quantized model in the shared folder; the float ones (add_float,
 # custom_sinh, multi_signatures) have nothing for the Edge TPU.
@@ -77,7 +75,7 @@ def test_parameters_are_uploaded_once_per_loaded_segment():
 
 def test_latency_estimate_for_mobilenet_v2_matches_published_figure():
     # coral.ai/docs/edgetpu/benchmarks: MobileNet v2 224, USB 3, max clock: 2.6 ms.
-    from coralrt.model import load_model
+    from coralrt import load_model
     seg = build_segment(load_model(shared_model("mobilenet_v2_1.0_224_quant.tflite")))
     est = LatencyModel().estimate(seg)
     assert est.per_run == pytest.approx(2.6e-3, rel=0.05)
@@ -156,7 +154,7 @@ def test_state_tensor_returned_as_an_output_matches_the_cpu_on_sim():
     # An LSTM's state (a variable tensor) added to the model's outputs: LiteRT returns
     # it; on sim the operator stays on the CPU and its piece returns the state too.
     from coralrt.compile.cache import CompileCache
-    from coralrt.model import load_model
+    from coralrt import load_model
 
     model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
     state = next(i for i, t in enumerate(model.main.tensors) if t.is_variable)
@@ -175,7 +173,7 @@ def test_state_tensor_returned_as_an_output_matches_the_cpu_on_sim():
 
 
 def test_open_simulated_sticks_gives_open_sticks_on_one_bus():
-    from coralrt.sim.stick import open_simulated_sticks
+    from coralrt.testing import open_simulated_sticks
 
     sticks = open_simulated_sticks(3)
     try:

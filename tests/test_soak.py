@@ -83,7 +83,7 @@ def soak(inferences: int, seed: int, rate: float = 0.2) -> dict:
     from coralrt import InferenceSession
     from coralrt.compile.cache import CompileCache
     from coralrt.errors import CoralRTError, DeviceLostError, DeviceWedgedError
-    from coralrt.sim.stick import SimulatedBackend
+    from coralrt.testing import SimulatedBackend
     from coralrt.usb.driver import UsbEdgeTpu
 
     rng = random.Random(seed)

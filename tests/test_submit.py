@@ -24,10 +24,7 @@ from coralrt.errors import (
     ConfigError, CoralRTError, InferenceError, InferenceTimeoutError, InputError,
     QueueFullError, SessionClosedError,
 )
-from coralrt.model.builder import ModelBuilder
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.sim.stick.device import simulated_stick
+from coralrt.testing import ModelBuilder, LatencyModel, SimulatedBackend, simulated_stick
 from coralrt.usb.driver import UsbEdgeTpu
 
 TIMEOUT = 10.0

@@ -12,8 +12,8 @@ from test_cli import cli
 
 import coralrt
 from coralrt import InferenceSession, SessionOptions, config, targets
-from coralrt.cli.demo_model import build_demo_model
-from coralrt.compile.native import NativeCompiler
+from coralrt.testing import build_demo_model
+from coralrt.plugins import NativeCompiler
 from coralrt.errors import ConfigError
 from coralrt.plugins.host import PluginHost
 from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry

@@ -8,7 +8,7 @@ import pytest
 from conftest import MODELS_DIR, random_inputs, shared_model, shared_model_names
 from coralrt import InferenceSession
 from coralrt.errors import ConfigError, InputError, ModelError
-from coralrt.model import load_model
+from coralrt import load_model
 import coralrt.tflite as tflite
 from coralrt.tflite import EdgeTpuDelegate, Interpreter, load_delegate
 

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from conftest import litert_module
 
 from coralrt.errors import ModelError
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.types import Model
 
 F32 = np.float32

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import extra_model_paths, litert, shared_image, shared_model
-from coralrt import InferenceSession
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import InferenceSession, load_model
+from coralrt.testing import ModelBuilder
 from coralrt import vision
 from coralrt.vision import BBox, Class, Detection, Keypoint, Placement, Segmentation
 from coralrt.vision.detect import detections_from_outputs
@@ -387,8 +386,7 @@ def test_labels_files(tmp_path):
 
 
 def test_classes_from_a_submitted_result_match_classify():
-    from coralrt import InferenceSession
-    from coralrt import vision
+    from coralrt import InferenceSession, vision
 
     session = InferenceSession(shared_model("mobilenet_v2_1.0_224_quant.tflite"))
     info = session.get_inputs()[0]

@@ -31,9 +31,9 @@ from coralrt.compile.cache import CompileCache
 from coralrt.compile.jit import jit_compile
 from coralrt.runtime.executor import build_program
 from coralrt.runtime.pipeline import build_pipelined_program
-from coralrt.sim.latency import LatencyModel
-from coralrt.usb import open_device
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import LatencyModel
+from coralrt import open_device
+from coralrt.testing import SimulatedBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_partition import big_fc_model  # noqa: E402

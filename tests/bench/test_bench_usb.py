@@ -17,7 +17,7 @@ import pytest
 from conftest import shared_model
 from support.sim import dwn1_backend
 
-from coralrt.usb import open_device
+from coralrt import open_device
 
 pytestmark = pytest.mark.bench
 
@@ -28,7 +28,7 @@ ROUNDS = 300
 
 
 def _program(name: str):
-    from coralrt.model import load_model
+    from coralrt import load_model
     model = load_model(shared_model(f"edgetpu/{name}"))
     return next(op.custom_options for op in model.main.operators
                 if op.name == "edgetpu-custom-op")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from coralrt.formats.segment import build_segment
-from coralrt.model import Model, load_model
+from coralrt import Model, load_model
 from coralrt.sim.runner import SegmentRunner
 
 

@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from coralrt.errors import InferenceError
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 from .harness import check, quant_strategy, random_data, run_sim
 

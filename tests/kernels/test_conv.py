@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 from coralrt.ops.arith.common import compute_out_size
 from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
 from coralrt.ops.arith.requant import Requantizer

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.errors import ModelError
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 from .harness import check, quant_strategy, random_data, run_sim
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coralrt.formats.segment import build_segment
-from coralrt.model import load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.extract import extract
 from coralrt.sim.runner import SegmentRunner
 from coralrt.sim.kernels import lstm as lstm_kernels

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 from coralrt.ops.arith.common import compute_out_size
 
 from .harness import check, random_data

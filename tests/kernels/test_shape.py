@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from coralrt.errors import ModelError
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 from .harness import check, random_data, run_reference, run_sim
 

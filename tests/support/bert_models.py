@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 __all__ = ["PRESETS", "BertConfig", "BertModel", "bert_encoder", "build_bert"]
 

@@ -80,7 +80,7 @@ def _size(n: int) -> str:
 
 
 def _candidates(folder: Path):
-    from coralrt.model import load_model
+    from coralrt import load_model
     for path in sorted(folder.rglob("*_edgetpu.tflite")):
         stem = path.name[: -len("_edgetpu.tflite")]
         plain = next((p for p in (path.parent / f"{stem}.tflite",
@@ -245,7 +245,7 @@ def _stem(src: Path) -> str:
 
 
 def compile_one(src: Path, out_dir: Path, folder: Path | None, show: bool, timeout: int) -> None:
-    from coralrt.model import load_model
+    from coralrt import load_model
     t0 = time.perf_counter()
     data = src.read_bytes()
     _write(src, load_model(data), data, _stem(src), out_dir, folder, show, t0)
@@ -284,7 +284,7 @@ def compile_segments(src: Path, out_dir: Path, folder: Path | None, show: bool,
                      n: int) -> int:
     """``-n N``: N consecutive pieces balanced by parameter bytes, each compiled on its own
     and written as ``<stem>_segment_<i>_of_<N>_edgetpu.tflite`` (and ``.log``)."""
-    from coralrt.model import load_model
+    from coralrt import load_model
     t0 = time.perf_counter()
     model = load_model(src.read_bytes())
     ops = len(model.main.operators)

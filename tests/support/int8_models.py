@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.model import Model, load_model
-from coralrt.model.builder import ModelBuilder
+from coralrt import Model, load_model
+from coralrt.testing import ModelBuilder
 from coralrt.model.types import TENSOR_TYPES, Tensor
 
 __all__ = ["Int8ConversionError", "int8_per_channel_from_uint8", "WEIGHT_OPERATORS"]

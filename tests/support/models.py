@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.model.builder import ModelBuilder
+from coralrt.testing import ModelBuilder
 
 
 def conv_chain(segments: int = 2, hw: int = 64, c: int = 32, seed: int = 0):

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
-from coralrt.usb import open_device
+from coralrt.testing import LatencyModel, SimulatedBackend
+from coralrt import open_device
 
 __all__ = ["dwn1_backend", "accept_dwn1", "isolated_dirs", "program", "DWN1_MODEL",
            "timing_sticks", "packages_of", "shared_packages"]
@@ -46,7 +45,7 @@ def program():
     """The DWN1 program (the edgetpu-custom-op's options) of :data:`DWN1_MODEL`."""
     from conftest import shared_model      # here: subprocesses import this module too
 
-    from coralrt.model import load_model
+    from coralrt import load_model
     model = load_model(shared_model(DWN1_MODEL))
     return next(op.custom_options for op in model.main.operators
                 if op.name == "edgetpu-custom-op")
@@ -55,7 +54,7 @@ def program():
 def packages_of(model) -> list[bytes]:
     """The DWN1 packages (``custom_options``) of every edgetpu-custom-op of ``model``
     (a path or the bytes of a .tflite file)."""
-    from coralrt.model import load_model
+    from coralrt import load_model
     loaded = load_model(model)
     return [bytes(op.custom_options) for g in loaded.subgraphs for op in g.operators
             if op.name == "edgetpu-custom-op"]

@@ -18,9 +18,9 @@ import pytest
 import usb.core
 
 from coralrt.errors import DeviceError, DeviceLostError, FirmwareError
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.usb import constants as C
-from coralrt.usb import open_device
+from coralrt import open_device
 
 IMAGE = bytes(range(256)) * 3 + b"\x5a" * 100     # four DNLOAD blocks, the last one short
 SHA = hashlib.sha256(IMAGE).hexdigest()

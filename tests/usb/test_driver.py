@@ -28,8 +28,7 @@ from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DevicePermissionError,
     DeviceTimeoutError, FirmwareError, ProgramRefusedError,
 )
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import LatencyModel, SimulatedBackend
 from coralrt.usb import bringup, firmware, list_devices, open_device
 from coralrt.usb import constants as C
 from coralrt.usb.driver import UsbEdgeTpu
@@ -56,7 +55,7 @@ def trace_steps() -> list[tuple[str, int, int]]:
 
 
 def custom_options(name: str):
-    from coralrt.model import load_model
+    from coralrt import load_model
     model = load_model(shared_model(f"edgetpu/{name}"))
     return next(op for op in model.main.operators
                 if op.name == "edgetpu-custom-op").custom_options
@@ -504,7 +503,7 @@ for _name in [n for n in vars(usb.backend.IBackend) if not n.startswith("_")]:
 def small_segment_bytes() -> bytes:
     from coralrt.formats.segment import build_segment
     from coralrt.formats.segment_codec import encode
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
     b = ModelBuilder(name="relu")
     x = b.input("x", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
     y = b.tensor("y", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
@@ -758,7 +757,7 @@ def test_a_segment_the_stick_cannot_load_is_a_model_error_and_the_stick_stays_us
             dev.run(bad, _feed(0))
     from coralrt.formats.segment import build_segment
     from coralrt.formats.segment_codec import encode
-    from coralrt.model.builder import ModelBuilder
+    from coralrt.testing import ModelBuilder
     mb = ModelBuilder()
     x = mb.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
     y = mb.tensor("y", (1, 6, 6, 3), np.int8, scale=0.1, zero_point=0)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from coralrt.cli.main import main
 from coralrt.errors import ExecutableError, ModelError
-from coralrt.model import load_model
+from coralrt import load_model
 from coralrt.model.flatbuf import decode_root
 from coralrt.formats.dwn1 import check_runnable, describe, parse_package, select_executables
 from coralrt.formats.dwn1_schema import LAYOUT, UNIONS, binary_strings

@@ -28,7 +28,7 @@ from support.sim import accept_dwn1, dwn1_backend, isolated_dirs, packages_of  #
 
 from coralrt.errors import DeviceLostError, ExecutableError
 from coralrt.formats.dwn1 import parse_package, select_executables
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.sim.stick.dwn1_requests import instruction_mask
 from coralrt.usb import bringup, open_device
 from coralrt.usb import constants as C

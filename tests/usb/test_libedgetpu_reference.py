@@ -241,7 +241,7 @@ CHILD = textwrap.dedent("""
 def test_driver_libedgetpu_runs_the_shared_models_on_the_simulated_stick(shim, sessions,
                                                                          tmp_path):
     """``driver="libedgetpu"`` hands each model to Google's runtime, for real."""
-    from coralrt.sim.stick import SimulatedBackend
+    from coralrt.testing import SimulatedBackend
     from support.sim import accept_dwn1
     from usbshim.server import StickServer
 

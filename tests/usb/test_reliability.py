@@ -21,8 +21,8 @@ from conftest import REPO_ROOT, shared_model
 from support.sim import DWN1_MODEL, dwn1_backend, isolated_dirs, program  # noqa: F401 (fixtures)
 
 from coralrt.errors import DeviceBusyError, DeviceError, DeviceLostError, DeviceTimeoutError
-from coralrt.usb import open_device
-from coralrt.sim.stick import SimulatedBackend
+from coralrt import open_device
+from coralrt.testing import SimulatedBackend
 
 TIMEOUT = 0.5
 SLACK = 1.0           # scheduling margin on top of the timeout
@@ -131,8 +131,7 @@ def test_slow_reenumeration_within_the_wait_succeeds(program):
 _HOLDER = textwrap.dedent("""
     import sys, time
     import numpy as np
-    from coralrt.model import load_model
-    from coralrt.usb import open_device
+    from coralrt import load_model, open_device
     from tests.support.sim import dwn1_backend
     model = load_model(sys.argv[1])
     program = next(op.custom_options for op in model.main.operators

@@ -19,8 +19,7 @@ from support.sim import accept_dwn1
 from coralrt.formats.segment import build_segment
 from coralrt.formats.segment_codec import HEADER_SIZE, encode
 from coralrt.sim.runner import SegmentRunner
-from coralrt.sim.latency import LatencyModel
-from coralrt.sim.stick import Fault, FaultPlan, SimulatedBackend
+from coralrt.testing import LatencyModel, Fault, FaultPlan, SimulatedBackend
 from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
 from coralrt.sim.stick.chip import RESET_VALUES
 from coralrt.usb import bringup
@@ -439,7 +438,7 @@ def test_segment_runs_over_raw_pyusb_like_segment_runner():
 
 
 def test_mobilenet_segment_over_pyusb():
-    from coralrt.model import load_model
+    from coralrt import load_model
     seg = build_segment(load_model(shared_model("mobilenet_v1_0.25_128_quant.tflite")))
     program = encode(seg)
     assert len(program) > 1 << 18

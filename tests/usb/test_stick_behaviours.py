@@ -35,8 +35,8 @@ from support.sim import dwn1_backend, isolated_dirs, program  # noqa: F401 (fixt
 from coralrt.errors import (
     DeviceLostError, DeviceNotReadyError, DeviceTimeoutError, DeviceWedgedError,
 )
-from coralrt.sim.stick import FaultPlan, SimulatedBackend
-from coralrt.usb import open_device
+from coralrt.testing import FaultPlan, SimulatedBackend
+from coralrt import open_device
 from coralrt.usb.driver import UsbEdgeTpu
 
 TIMEOUT = 0.5         # the driver's transfer timeout

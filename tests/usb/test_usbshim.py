@@ -35,9 +35,9 @@ import pytest
 import usb.backend
 import usb.core
 
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.sim.stick import descriptors as desc
-from coralrt.usb import open_device
+from coralrt import open_device
 from usbshim.server import ShimBuildError, StickServer, build_shim, find_compiler
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -478,7 +478,7 @@ def test_coralrt_driver_over_pyusb_and_the_shim_matches_in_process(shim, tmp_pat
         from pathlib import Path
         import numpy as np
         from usbshim.client import shim_backend
-        from coralrt.usb import open_device
+        from coralrt import open_device
         folder = Path(sys.argv[1])
         program = (folder / "segment.bin").read_bytes()
         image = bytes(range(256)) * 42 + b"\\x02\\x00\\x10"

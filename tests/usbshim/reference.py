@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coralrt.sim.stick import SimulatedBackend
+from coralrt.testing import SimulatedBackend
 from coralrt.sim.stick.dwn1_requests import instruction_mask
 from usbshim.server import StickServer
 
@@ -108,8 +108,7 @@ def libedgetpu_session(build: str, model: Path, shim: Path, work: Path) -> Sessi
 
 def coralrt_session(clock: str, model: Path) -> Session:
     """``model`` through coralrt's driver (first and warm run), same inputs as the child."""
-    from coralrt import InferenceSession
-    from coralrt.usb import open_device
+    from coralrt import InferenceSession, open_device
     from usbshim.litert_child import inputs
 
     # Running already: coralrt does not ship Google's firmware image (libedgetpu carries
