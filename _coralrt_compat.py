@@ -6,7 +6,7 @@ site-packages; Python runs the ``.pth`` file's line at every start:
     import os; "CORALRT_COMPAT" in os.environ and __import__("_coralrt_compat").startup()
 
 so without the variable nothing is imported.  With it, :func:`startup` loads
-``coralrt/compat/finder.py`` on its own (standard library only: neither
+``coralrt/compat/_finder.py`` on its own (standard library only: neither
 coralrt's package nor NumPy is imported at start-up; coralrt's modules load
 when the program first imports ``tflite_runtime`` or ``pycoral``) and puts its
 finder first on ``sys.meta_path``.  It never raises: when the hook cannot be
@@ -14,7 +14,7 @@ installed, it writes one line to stderr and Python starts as usual.
 """
 
 _OFF = ("", "0", "false", "no", "off")
-_FINDER = "coralrt.compat.finder"
+_FINDER = "coralrt.compat._finder"
 
 
 def startup() -> None:
@@ -34,7 +34,7 @@ def startup() -> None:
             if spec is None or not spec.submodule_search_locations:
                 raise ImportError("the coralrt package is not installed")
             path = os.path.join(list(spec.submodule_search_locations)[0], "compat",
-                                "finder.py")
+                                "_finder.py")
             finder_spec = importlib.util.spec_from_file_location(_FINDER, path)
             if finder_spec is None or not os.path.isfile(path):
                 raise ImportError(f"{path} is missing")

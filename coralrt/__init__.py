@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 
 from coralrt.errors import CoralRTError
-from coralrt.model import Model, load_model
-from coralrt.plugins.hookspecs import hookimpl
-from coralrt.session import TARGETS, InferenceSession, SessionOptions
-from coralrt.targets import Target, prepare_on_device
-from coralrt.targets import register as register_target
-from coralrt.targets import unregister as unregister_target
-from coralrt.tensors import TensorInfo, dequantize, quantize
+from coralrt._model import Model, load_model
+from coralrt.plugins._hookspecs import hookimpl
+from coralrt._session import TARGETS, InferenceSession, SessionOptions
+from coralrt._targets import Target, prepare_on_device
+from coralrt._targets import register as register_target
+from coralrt._targets import unregister as unregister_target
+from coralrt._tensors import TensorInfo, dequantize, quantize
 
 __all__ = [
     "InferenceSession", "SessionOptions", "TARGETS", "TensorInfo", "Model", "load_model",
@@ -33,16 +33,16 @@ __all__ = [
 
 # name -> module that defines it; imported when first asked for.
 _LAZY = {
-    "open_device": "coralrt.usb",
-    "list_devices": "coralrt.usb",
-    "EdgeTpuDevice": "coralrt.runtime.device",
-    "CompileCache": "coralrt.compile.cache",
+    "open_device": "coralrt._usb",
+    "list_devices": "coralrt._usb",
+    "EdgeTpuDevice": "coralrt._runtime.device",
+    "CompileCache": "coralrt._compile.cache",
 }
 
 
 def __getattr__(name: str):
     if name == "__version__":   # importlib.metadata is slow to import
-        from coralrt.version import version
+        from coralrt._version import version
         return version()
     module = _LAZY.get(name)
     if module is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

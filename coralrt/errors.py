@@ -116,7 +116,7 @@ class CacheLockTimeoutError(CoralRTError, TimeoutError):
 class SegmentFormatError(ModelError):
     """A native Edge TPU segment cannot be encoded, or its bytes are not a valid segment.
 
-    Raised by :func:`coralrt.formats.segment.decode` for every defect in the
+    Raised by :func:`coralrt._formats.segment.decode` for every defect in the
     input (wrong magic, unsupported format version, truncation, checksum
     mismatch, an offset or id out of range), and by ``build_segment`` /
     ``encode`` when a model holds something the format cannot represent.
@@ -246,7 +246,7 @@ __all__ += ["ExecutableError"]
 class ExecutableError(ModelError):
     """The DWN1 executable package inside an ``edgetpu-custom-op`` is malformed or unusable.
 
-    Raised by :func:`coralrt.formats.dwn1.parse_package` for every defect: a
+    Raised by :func:`coralrt._formats.dwn1.parse_package` for every defect: a
     FlexBuffer or flatbuffer that cannot be read, a package that needs a newer
     runtime, a combination of executables libedgetpu rejects, an invalid batch
     size, or a size, offset or index outside its range.  ``where`` names the
@@ -414,7 +414,7 @@ class DriverUnavailableError(TargetUnavailableError):
     A :class:`TargetUnavailableError` like :class:`CompilerUnavailableError`:
     what is missing is the way to reach the Edge TPU for ``target="coral"``,
     not a CPU backend (a ``BackendUnavailableError`` would make
-    :func:`coralrt.backends.get_backend` and ``coralrt doctor`` treat it as a
+    :func:`coralrt._backends.get_backend` and ``coralrt doctor`` treat it as a
     missing interpreter).  ``library`` is the library asked for, ``cause``
     one of ``"missing"``, ``"not-loadable"``, ``"not-libedgetpu"``,
     ``"no-litert"``, ``"delegate"``, ``"crash"``, ``"timeout"``, ``"error"``;

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import importlib
 
-from coralrt.cli.demo_model import build_demo_model, demo_input
-from coralrt.model.builder import ModelBuilder, make_operator, make_tensor
+from coralrt._cli.demo_model import build_demo_model, demo_input
+from coralrt._model.builder import ModelBuilder, make_operator, make_tensor
 
 __all__ = [
     "ModelBuilder", "make_tensor", "make_operator", "build_demo_model", "demo_input",
@@ -35,12 +35,12 @@ __all__ = [
 
 # name -> module that defines it; imported when first asked for (the USB driver).
 _LAZY = {
-    "SimulatedBackend": "coralrt.sim.stick",
-    "FaultPlan": "coralrt.sim.stick",
-    "Fault": "coralrt.sim.stick",
-    "simulated_stick": "coralrt.sim.stick.device",
-    "open_simulated_sticks": "coralrt.sim.stick",
-    "LatencyModel": "coralrt.sim.latency",
+    "SimulatedBackend": "coralrt._sim.stick",
+    "FaultPlan": "coralrt._sim.stick",
+    "Fault": "coralrt._sim.stick",
+    "simulated_stick": "coralrt._sim.stick.device",
+    "open_simulated_sticks": "coralrt._sim.stick",
+    "LatencyModel": "coralrt._sim.latency",
 }
 
 

@@ -1,6 +1,6 @@
 """Classify one image and print the top classes.
 
-Shows: an InferenceSession on a chosen target and coralrt.vision.classify,
+Shows: an InferenceSession on a chosen target and coralrt.vision._classify,
 which resizes the image to the model's input, runs it and returns the best
 classes with their labels.
 

@@ -1,7 +1,7 @@
 """Detect objects in one image, print them and save the image with their boxes.
 
-Shows: coralrt.vision.detect (boxes come back in the image's pixels, whatever
-the model's input size) and coralrt.vision.draw.
+Shows: coralrt.vision._detect (boxes come back in the image's pixels, whatever
+the model's input size) and coralrt.vision._draw.
 
 It reads both detector layouts: Coral's SSD models with the post-process
 operator, and plain boxes [1, N, 4] + scores [1, N, C]. Without a real

@@ -18,7 +18,7 @@ DeepLab v3 has two Edge TPU segments, so "pipeline" gives each stick one:
         ../shared/models/deeplabv3_mnv2_dm05_pascal_quant.tflite \
         ../shared/images/dog_segmentation.bmp --strategy pipeline --requests 4 --target sim
 
---target sim opens two simulated sticks (coralrt.sim.stick.open_simulated_sticks).
+--target sim opens two simulated sticks (coralrt._sim.stick.open_simulated_sticks).
 With two Coral USB Accelerators plugged in: --target coral, which opens
 "usb:0" and "usb:1" (auto does too when it finds two sticks).
 """

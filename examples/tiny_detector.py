@@ -6,7 +6,7 @@ then give it to examples/detect_objects.py (examples/README.md). On a real
 stick (detect_objects.py --target coral) it is compiled the first time, by
 edgetpu_compiler or a compile service, like any plain .tflite.
 
-The model has the layout coralrt.vision.detect reads as "plain boxes and
+The model has the layout coralrt.vision._detect reads as "plain boxes and
 scores": one uint8 image input [1, 64, 64, 3] and two outputs, boxes
 [1, 16, 4] (ymin, xmin, ymax, xmax, normalised) and scores [1, 16, 91]
 (column 0 the background, then the 90 COCO classes of coco_labels.txt).

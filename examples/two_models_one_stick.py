@@ -9,7 +9,7 @@ class and time. Without a stick, from the repository root:
         ../shared/models/mobilenet_v1_0.25_128_quant.tflite ../shared/images/cat.bmp \
         --labels ../shared/images/imagenet_labels.txt --target sim
 
---target sim opens one simulated stick (coralrt.sim.stick.open_simulated_sticks).
+--target sim opens one simulated stick (coralrt._sim.stick.open_simulated_sticks).
 
 On a Coral USB Accelerator use --target coral (auto picks it when a stick is
 plugged in). A stick caches the parameters of the model it ran last in its

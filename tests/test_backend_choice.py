@@ -25,15 +25,15 @@ from conftest import REPO_ROOT, run_litert, shared_model
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from coralrt import backends, wheels
-from coralrt.backends.base import CpuBackend
-from coralrt.backends.litert import LiteRTBackend, TFLiteRuntimeBackend
-from coralrt.cli import doctor_cmd
-from coralrt.cli.doctor_software import check_cpu_backends
+from coralrt import _backends as backends, _wheels as wheels
+from coralrt._backends.base import CpuBackend
+from coralrt._backends.litert import LiteRTBackend, TFLiteRuntimeBackend
+from coralrt._cli import doctor_cmd
+from coralrt._cli.doctor_software import check_cpu_backends
 from coralrt.errors import BackendUnavailableError, DeviceError, DeviceNotFoundError
 
-HAVE_NUMPY_BACKEND = importlib.util.find_spec("coralrt.backends.numpy_backend") is not None
-NO_NUMPY_BACKEND = "coralrt/backends/numpy_backend.py (backend 'numpy') is not there yet"
+HAVE_NUMPY_BACKEND = importlib.util.find_spec("coralrt._backends.numpy_backend") is not None
+NO_NUMPY_BACKEND = "coralrt/_backends/numpy_backend.py (backend 'numpy') is not there yet"
 
 FALLBACK_LINE = ("no LiteRT interpreter is installed (ai-edge-litert, tflite-runtime); "
                  "running CPU work with coralrt's NumPy kernels (backend 'numpy')")
@@ -114,7 +114,7 @@ def test_fallback_line_gives_other_reasons(stand_ins, monkeypatch, caplog):
 
 @pytest.mark.needs_litert("with the numpy module missing, the test expects LiteRT to be chosen")
 def test_missing_numpy_module_is_only_unusable(monkeypatch):
-    monkeypatch.setitem(sys.modules, "coralrt.backends.numpy_backend", None)
+    monkeypatch.setitem(sys.modules, "coralrt._backends.numpy_backend", None)
     monkeypatch.setattr(backends, "_instances", {})
     with pytest.raises(BackendUnavailableError, match="'numpy'"):
         backends.get_backend("numpy")
@@ -124,8 +124,8 @@ def test_missing_numpy_module_is_only_unusable(monkeypatch):
 
 
 def test_importing_coralrt_does_not_import_the_numpy_backend():
-    code = ("import sys, coralrt, coralrt.backends; "
-            "assert 'coralrt.backends.numpy_backend' not in sys.modules")
+    code = ("import sys, coralrt, coralrt._backends; "
+            "assert 'coralrt._backends.numpy_backend' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
 
 
@@ -171,7 +171,7 @@ def test_doctor_with_litert_says_numpy_is_the_fallback():
 def test_libusb_without_libusb_package_uses_pyusbs_lookup(monkeypatch):
     import usb.backend.libusb1
 
-    from coralrt.usb import discovery
+    from coralrt._usb import discovery
 
     system = object()
     monkeypatch.setitem(sys.modules, "libusb_package", None)    # not installed
@@ -288,7 +288,7 @@ log.addHandler(Keep())
 
 import numpy as np
 from coralrt import InferenceSession
-from coralrt.backends import backend_report
+from coralrt._backends import backend_report
 
 model, inputs_path, outputs_path = sys.argv[1:4]
 inputs = list(np.load(inputs_path).values())

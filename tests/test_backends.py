@@ -12,8 +12,8 @@ litert = pytest.importorskip("ai_edge_litert.interpreter",
                              reason="ai-edge-litert is not installed")
 from conftest import MODELS_DIR, model_params, shared_model
 
-from coralrt import backends
-from coralrt.backends.litert import LiteRTBackend, _translate
+from coralrt import _backends as backends
+from coralrt._backends.litert import LiteRTBackend, _translate
 from coralrt.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -283,7 +283,7 @@ def test_translate_stages():
 
 
 def test_importing_coralrt_backends_does_not_import_litert():
-    code = "import sys, coralrt.backends; assert 'ai_edge_litert' not in sys.modules"
+    code = "import sys, coralrt._backends; assert 'ai_edge_litert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

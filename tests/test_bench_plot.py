@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import shared_model
 
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 
 pytest.importorskip("matplotlib")
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_litert
 
 from coralrt import load_model
-from coralrt.model.types import TENSOR_TYPES
+from coralrt._model.types import TENSOR_TYPES
 from support.bert_models import PRESETS, BertConfig, bert_encoder, build_bert
 
 INT8, INT32 = TENSOR_TYPES["INT8"], TENSOR_TYPES["INT32"]

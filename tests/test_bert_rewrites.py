@@ -13,10 +13,10 @@ from conftest import run_litert
 from support.bert_models import PRESETS, build_bert
 
 from coralrt import InferenceSession
-from coralrt.compile.partition import partition
-from coralrt.compile.rewrite import run_rewrites, select_rewrites
+from coralrt._compile.partition import partition
+from coralrt._compile.rewrite import run_rewrites, select_rewrites
 from coralrt import load_model
-from coralrt.plugins.host import plugin_host
+from coralrt.plugins._host import plugin_host
 
 INPUTS = 12
 

@@ -26,10 +26,10 @@ import pytest
 from conftest import shared_model
 from filelock import FileLock
 
-from coralrt import config
-from coralrt.cli.main import main
-from coralrt.compile.cache import CACHE_FORMAT_VERSION, CompileCache, Entry, make_key
-from coralrt.compile.digest import _stamp, model_digest
+from coralrt import _config as config
+from coralrt._cli.main import main
+from coralrt._compile.cache import CACHE_FORMAT_VERSION, CompileCache, Entry, make_key
+from coralrt._compile.digest import _stamp, model_digest
 from coralrt.errors import CacheLockTimeoutError, ConfigError, CoralRTError
 
 MODEL = b"TFL3" + bytes(range(256)) * 8
@@ -74,7 +74,7 @@ def test_key_is_the_documented_hash():
 def test_key_is_the_same_in_another_process():
     code = """
         import sys
-        from coralrt.compile.cache import make_key
+        from coralrt._compile.cache import make_key
         print(make_key(bytes.fromhex(sys.argv[1]), options={"b": [1, 2.5, "é"], "a": None},
                        compiler_id="edgetpu_compiler", compiler_version="16.0"))
     """
@@ -143,7 +143,7 @@ def test_put_refuses_reserved_metadata_and_bad_keys(tmp_path):
 WRITER = """
     import sys
     from pathlib import Path
-    from coralrt.compile.cache import CompileCache, make_key
+    from coralrt._compile.cache import CompileCache, make_key
     root, mode, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     SRC = sys.argv[5]
     cache = CompileCache(Path(root), max_bytes=1 << 40, enabled=True)
@@ -521,7 +521,7 @@ def test_unreadable_digest_record_is_reported_and_the_model_hashed(tmp_path, cap
 WORKER = """
     import hashlib, json, os, sys, time, uuid
     from pathlib import Path
-    from coralrt.compile.cache import CompileCache
+    from coralrt._compile.cache import CompileCache
     root, key, marks, SRC = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     cache = CompileCache(Path(root), max_bytes=1 << 30, enabled=True)
     (marks / f"ready-{os.getpid()}").touch()

@@ -2,7 +2,7 @@
 
 ``CompileCache.newest`` (the newest verified entry of a model, found through
 the by-source index) and ``coralrt cache export`` / ``coralrt cache import``
-(coralrt/compile/cache_archive.py).  Everything runs against real files in
+(coralrt/_compile/cache_archive.py).  Everything runs against real files in
 ``tmp_path``; the bad archives are built here with :mod:`tarfile` directly.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from coralrt.cli.main import main
-from coralrt.compile.cache import CACHE_FORMAT_VERSION, CompileCache, make_key
-from coralrt.compile.cache_archive import ARCHIVE_NAME, ARCHIVE_VERSION, export_cache
-from coralrt.compile.cache_import import import_cache
+from coralrt._cli.main import main
+from coralrt._compile.cache import CACHE_FORMAT_VERSION, CompileCache, make_key
+from coralrt._compile.cache_archive import ARCHIVE_NAME, ARCHIVE_VERSION, export_cache
+from coralrt._compile.cache_import import import_cache
 from coralrt.errors import CacheArchiveError, CoralRTError
 
 MODEL_A = b"TFL3" + bytes(range(256)) * 4
@@ -36,7 +36,7 @@ def key(model: bytes, version: str, compiler: str = "edgetpu_compiler") -> str:
 
 
 def meta(version: str, compiler: str = "edgetpu_compiler", segments: int = 1) -> dict:
-    """Metadata shaped like what coralrt/compile/jit.py stores."""
+    """Metadata shaped like what coralrt/_compile/jit.py stores."""
     return {"compiler": f"{compiler} {version}", "options": OPTIONS, "build_seconds": 0.5,
             "summary": {"segments": segments, "tpu_ops": 3, "cpu_ops": 1},
             "placement": [["tpu", 0, "mapped"], ["tpu", 0, "mapped"], ["cpu", None, "float"]]}

@@ -17,10 +17,10 @@ from conftest import MODELS_DIR, REPO_ROOT, model_params, shared_model
 import coralrt
 from coralrt import InferenceSession, TensorInfo
 from coralrt.errors import COMPILER_HELP
-from coralrt.cli.main import main
-from coralrt.cli.run_cmd import random_input
+from coralrt._cli.main import main
+from coralrt._cli.run_cmd import random_input
 from coralrt.testing import build_demo_model, demo_input
-from coralrt.formats.opnames import SEGMENT_OP
+from coralrt._formats.opnames import SEGMENT_OP
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
 
@@ -221,7 +221,7 @@ def test_compiled_model_on_cpu_is_refused(capsys):
 _COMPILE_WORKER = """
 import sys, time
 from pathlib import Path
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 line, name, runs, argv = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 (line / f"ready-{name}").touch()
 while not (line / "go").exists():

@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import shared_model
 
-from coralrt.backends.native_log import native_info_to_log
-from coralrt.cli.main import main
+from coralrt._backends.native_log import native_info_to_log
+from coralrt._cli.main import main
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -89,7 +89,7 @@ def test_native_filter_keeps_everything_but_info(capfd):
 
 
 def test_help_never_breaks_a_url(capsys, monkeypatch):
-    from coralrt.usb import firmware
+    from coralrt._usb import firmware
     monkeypatch.setenv("COLUMNS", "50")     # narrower than the URLs
     assert main(["firmware", "install", "--help"]) == 0
     out = capsys.readouterr().out

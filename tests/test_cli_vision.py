@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_image, shared_model
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow decodes the test images (dev extra)")
 

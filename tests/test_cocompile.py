@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from conftest import MODELS_DIR, random_inputs, shared_model
 
-from coralrt import InferenceSession, config
-from coralrt.cli.main import main
-from coralrt.compile.whole import merge_segments
+from coralrt import InferenceSession, _config as config
+from coralrt._cli.main import main
+from coralrt._compile.whole import merge_segments
 from coralrt.errors import ModelError
-from coralrt.formats.opnames import EDGETPU_OP
+from coralrt._formats.opnames import EDGETPU_OP
 from coralrt import load_model
 
 FAKE = Path(__file__).parent / "support" / "fake_edgetpu_compiler.py"
@@ -50,7 +50,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_EDGETPU_MODELS", str(MODELS_DIR))
     monkeypatch.setenv("FAKE_EDGETPU_ARGV_LOG", str(tmp_path / "argv.jsonl"))
     monkeypatch.chdir(tmp_path)
-    from coralrt.plugins import host as plugins
+    from coralrt.plugins import _host as plugins
     plugins.reset()
     yield monkeypatch
     plugins.reset()  # the process-wide host must not keep this test's compiler
@@ -367,7 +367,7 @@ def _sim_stick():
 
 
 def _check_ran_on_the_stick(path: Path, backend, stick, out_shapes: dict) -> None:
-    from coralrt.formats.dwn1 import parse_package, select_executables
+    from coralrt._formats.dwn1 import parse_package, select_executables
 
     model = load_model(path)
     (op,) = _customs(model)

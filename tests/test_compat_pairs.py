@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from conftest import MODELS_DIR, REPO_ROOT, extra_model_paths, model_params
 
-from coralrt.compile import compat_rules as C
-from coralrt.compile import rules as R
-from coralrt.compile.pairs import (
+from coralrt._compile import compat_rules as C
+from coralrt._compile import rules as R
+from coralrt._compile.pairs import (
     PairError, compare_models, compare_pair, compiler_mapping, find_pairs, plain_for,
 )
-from coralrt.compile.partition import partition
+from coralrt._compile.partition import partition
 from coralrt.testing import ModelBuilder
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))

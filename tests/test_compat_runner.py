@@ -280,7 +280,7 @@ def test_without_the_variable_the_hook_imports_nothing(tmp_path, hook_site):
         assert "No module named 'tflite_runtime'" in proc.stderr, (value, proc.stderr)
     proc = _python(["-c", code], cwd=tmp_path, CORALRT_COMPAT="1", **hook_site)
     # At start-up only the finder's module is loaded, not coralrt's package (nor NumPy).
-    assert proc.stdout.strip() == "['_coralrt_compat', 'coralrt.compat.finder']", proc.stdout
+    assert proc.stdout.strip() == "['_coralrt_compat', 'coralrt.compat._finder']", proc.stdout
     assert proc.returncode == 0, proc.stderr
 
 
@@ -331,7 +331,7 @@ BACKEND_PROBE = """\
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import coralrt.compat
-    from coralrt.backends import get_backend, litert
+    from coralrt._backends import get_backend, litert
     litert.TFLiteRuntimeBackend._check_usable = lambda self: None   # the fake needs no numpy<2
     coralrt.compat.install()
     seen = []
@@ -369,7 +369,7 @@ def test_backend_gets_the_real_tflite_runtime_and_users_get_coralrts(tmp_path, o
 def test_backend_without_the_real_package_says_not_installed(tmp_path):
     code = ("import coralrt.compat; coralrt.compat.install()\n"
             "import tflite_runtime\n"
-            "from coralrt.backends import get_backend\n"
+            "from coralrt._backends import get_backend\n"
             "from coralrt.errors import BackendUnavailableError\n"
             "try:\n    get_backend('tflite_runtime')\n"
             "except BackendUnavailableError as e:\n    print('unavailable:', e)\n")

@@ -28,12 +28,12 @@ pytest.importorskip("aiohttp", reason="the compile service needs aiohttp (coralr
 
 from support.service import compile_calls, service, stand_in  # noqa: E402
 
-from coralrt import config  # noqa: E402
-from coralrt.compile.cache import CompileCache  # noqa: E402
-from coralrt.compile.segments import compile_model  # noqa: E402
-from coralrt.compile.remote import RemoteCompiler, check_url  # noqa: E402
+from coralrt import _config as config# noqa: E402
+from coralrt._compile.cache import CompileCache  # noqa: E402
+from coralrt._compile.segments import compile_model  # noqa: E402
+from coralrt._compile.remote import RemoteCompiler, check_url  # noqa: E402
 from coralrt.errors import CompileServiceError, ConfigError  # noqa: E402
-from coralrt.model import load_model  # noqa: E402
+from coralrt._model import load_model  # noqa: E402
 
 TOKEN = "t0ken-for-the-tests-0123456789"
 MOBILENET = "mobilenet_v1_0.25_128_quant"
@@ -264,8 +264,8 @@ def test_remote_compiler_maps_segments_like_a_local_edgetpu_compiler(tmp_path):
 
 
 def test_a_corrupted_answer_is_refused_and_nothing_is_cached(tmp_path, monkeypatch):
-    from coralrt.compile.jit import jit_compile
-    from coralrt.server.service import CompileService
+    from coralrt._compile.jit import jit_compile
+    from coralrt._server.service import CompileService
 
     real = CompileService.compile
 
@@ -325,7 +325,7 @@ def test_urls_and_tokens_in_clear():
 
 def test_tls_with_the_services_certificate(tmp_path):
     trustme = pytest.importorskip("trustme")
-    from coralrt.server.app import tls_context
+    from coralrt._server.app import tls_context
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
@@ -347,7 +347,7 @@ def test_tls_with_the_services_certificate(tmp_path):
 
 @pytest.fixture
 def fresh_plugins():
-    from coralrt.plugins import host as plugins
+    from coralrt.plugins import _host as plugins
     plugins.reset()
     yield
     plugins.reset()
@@ -377,7 +377,7 @@ def test_session_on_coral_compiles_through_the_service(tmp_path, monkeypatch, fr
             assert [r["kind"] for r in session.profile()] == ["tpu"]
             # CORALRT_COMPILER_URL registers the same compiler for every session.
             monkeypatch.setenv(config.COMPILER_URL, url)
-            from coralrt.plugins.host import plugin_host, reset
+            from coralrt.plugins._host import plugin_host, reset
             reset()   # the process-wide host was built before the variable was set
             assert plugin_host().compilers.for_device("usb").url == url
             again = InferenceSession(shared_model(f"{MOBILENET}.tflite"), target="coral",
@@ -442,7 +442,7 @@ def test_serve_compiler_command_serves_until_stopped(tmp_path):
     (["--token-file", "short"], "at least 16"),
 ])
 def test_serve_compiler_refuses_unsafe_settings(tmp_path, args, words, capsys):
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
 
     (tmp_path / "short").write_text("abc")
     os.chdir(tmp_path)
@@ -451,7 +451,7 @@ def test_serve_compiler_refuses_unsafe_settings(tmp_path, args, words, capsys):
 
 
 def test_compile_command_with_a_compile_service(tmp_path, monkeypatch, capsys):
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
 
     monkeypatch.chdir(tmp_path)
     model = str(shared_model(f"{MOBILENET}.tflite"))
@@ -470,7 +470,7 @@ def test_compile_command_with_a_compile_service(tmp_path, monkeypatch, capsys):
 
 
 def test_doctor_reports_what_the_service_answers(tmp_path, monkeypatch, capsys):
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
 
     with service(tmp_path, token=TOKEN) as (url, _svc, _):
         monkeypatch.setenv(config.COMPILER_URL, url)

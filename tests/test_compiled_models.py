@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from coralrt import InferenceSession
-from coralrt.cli.main import main
-from coralrt.compile.segments import compile_model
+from coralrt._cli.main import main
+from coralrt._compile.segments import compile_model
 from coralrt.errors import ModelError
 from coralrt import load_model
-from coralrt.model.compiled import compiled_by, expected_plain, plain_sibling
+from coralrt._model.compiled import compiled_by, expected_plain, plain_sibling
 from tests.conftest import random_inputs, shared_model
 
 COMPILED = "edgetpu/split_concat_edgetpu.tflite"
@@ -40,8 +40,8 @@ def lone(tmp_path):
 
 @pytest.fixture
 def no_stick(monkeypatch):
-    import coralrt.usb
-    monkeypatch.setattr(coralrt.usb, "list_devices", lambda: [])
+    import coralrt._usb
+    monkeypatch.setattr(coralrt._usb, "list_devices", lambda: [])
 
 
 def test_expected_plain_names():

@@ -1,4 +1,4 @@
-"""The compiler contract (coralrt.compile.base): coralrt's compilers subclass it, a
+"""The compiler contract (coralrt._compile.base): coralrt's compilers subclass it, a
 minimal subclass compiles through the JIT on ``sim``, and a third-party compiler
 that only has the attributes (duck typing) still registers and compiles."""
 
@@ -10,17 +10,17 @@ from conftest import random_inputs, shared_model
 
 import coralrt
 from coralrt import InferenceSession
-from coralrt.compile.base import Compiler, SegmentNotMapped, as_compiler
-from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt._compile.base import Compiler, SegmentNotMapped, as_compiler
+from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.plugins import NativeCompiler
-from coralrt.compile.remote import RemoteCompiler
-from coralrt.compile.segments import compile_model
+from coralrt._compile.remote import RemoteCompiler
+from coralrt._compile.segments import compile_model
 from coralrt.errors import SegmentNotMapped as ErrorsSegmentNotMapped
-from coralrt.formats import segment as seg_format
-from coralrt.formats import segment_codec
-from coralrt.formats.opnames import SEGMENT_OP
+from coralrt._formats import segment as seg_format
+from coralrt._formats import segment_codec
+from coralrt._formats.opnames import SEGMENT_OP
 from coralrt import load_model
-from coralrt.plugins.host import PluginHost
+from coralrt.plugins._host import PluginHost
 
 MODEL = "split_concat.tflite"
 

@@ -1,4 +1,4 @@
-"""coralrt.config: the runtime, temporary and firmware folders."""
+"""coralrt._config: the runtime, temporary and firmware folders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from coralrt import config
+from coralrt import _config as config
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_firmware_dir_follows_the_user_data_folder(monkeypatch, tmp_path):
 
 
 def test_lock_and_firmware_use_config(env, tmp_path, monkeypatch):
-    from coralrt.usb import firmware, lock
+    from coralrt._usb import firmware, lock
 
     env.setenv("CORALRT_RUNTIME_DIR", str(tmp_path / "run"))
     assert lock.lock_dir() == tmp_path / "run" and (tmp_path / "run").is_dir()
@@ -83,7 +83,7 @@ def test_lock_and_firmware_use_config(env, tmp_path, monkeypatch):
 
 def test_lock_dir_falls_back_when_the_runtime_folder_cannot_be_created(env, tmp_path,
                                                                        monkeypatch):
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -119,7 +119,7 @@ def umask022():
 
 @posix_owners
 def test_lock_dir_and_the_parents_it_creates_are_private(env, tmp_path, umask022):
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     env.setenv(config.RUNTIME_DIR, str(tmp_path / "a" / "b" / "run"))
     assert lock.lock_dir() == tmp_path / "a" / "b" / "run"
@@ -130,7 +130,7 @@ def test_lock_dir_and_the_parents_it_creates_are_private(env, tmp_path, umask022
 
 @posix_owners
 def test_default_and_fallback_lock_dirs_are_private(env, tmp_path, monkeypatch, umask022):
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     # No XDG_RUNTIME_DIR: platformdirs answers <tmp>/runtime-<uid>/coralrt, which
     # coralrt creates, parent included.
@@ -152,7 +152,7 @@ def test_default_and_fallback_lock_dirs_are_private(env, tmp_path, monkeypatch, 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o722, 0o770], ids=oct)
 def test_a_lock_dir_others_can_write_to_is_refused(env, tmp_path, monkeypatch, named, mode):
     from coralrt.errors import DeviceError, DevicePermissionError
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -175,7 +175,7 @@ def test_a_lock_dir_others_can_write_to_is_refused(env, tmp_path, monkeypatch, n
 @posix_owners
 @pytest.mark.parametrize("mode", [0o700, 0o755, 0o711], ids=oct)
 def test_a_lock_dir_only_the_user_can_write_to_is_used(env, tmp_path, mode):
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     mine = tmp_path / "mine"            # 0755: what coralrt used to create
     mine.mkdir()
@@ -187,7 +187,7 @@ def test_a_lock_dir_only_the_user_can_write_to_is_used(env, tmp_path, mode):
 @posix_owners
 def test_a_lock_dir_owned_by_another_user_is_refused(env, tmp_path, monkeypatch):
     from coralrt.errors import DevicePermissionError
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
@@ -212,7 +212,7 @@ def test_a_lock_dir_of_the_real_user_is_refused_to_another_uid(env, tmp_path, mo
     # The other way round (tests run as root here): the directory belongs to the real
     # user (root), and coralrt runs as uid 1000.
     from coralrt.errors import DevicePermissionError
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     monkeypatch.setattr(os, "getuid", lambda: 1000 if os.geteuid() != 1000 else 1001)
     env.setenv(config.RUNTIME_DIR, str(tmp_path / "run"))
@@ -225,7 +225,7 @@ def test_a_lock_dir_of_the_real_user_is_refused_to_another_uid(env, tmp_path, mo
 @pytest.mark.parametrize("target", ["private dir", "shared dir", "missing"])
 def test_a_symlink_at_the_lock_dir_path_is_refused_not_followed(env, tmp_path, target):
     from coralrt.errors import DevicePermissionError
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     there = tmp_path / "there"
     if target != "missing":
@@ -248,7 +248,7 @@ def test_a_symlink_at_the_lock_dir_path_is_refused_not_followed(env, tmp_path, t
 def test_a_lock_dir_in_a_parent_others_can_write_to_is_refused(env, tmp_path, parent_mode,
                                                                refused):
     from coralrt.errors import DevicePermissionError
-    from coralrt.usb import lock
+    from coralrt._usb import lock
 
     parent = tmp_path / "parent"
     parent.mkdir()

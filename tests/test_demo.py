@@ -10,7 +10,7 @@ Interpreter = pytest.importorskip("ai_edge_litert.interpreter",
                                   reason="ai-edge-litert is not installed").Interpreter
 
 from coralrt import InferenceSession, load_model
-from coralrt.cli.demo_model import DEMO_CLASSES, INPUT_SHAPE, build_demo_model, demo_input
+from coralrt._cli.demo_model import DEMO_CLASSES, INPUT_SHAPE, build_demo_model, demo_input
 
 
 def litert_run(model_bytes: bytes, x: np.ndarray, reference: bool = False) -> np.ndarray:

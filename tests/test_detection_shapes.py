@@ -2,7 +2,7 @@
 
 ``TFLite_Detection_PostProcess`` outputs are declared without a shape; LiteRT
 sets them when it prepares the operator.  coralrt infers the same shapes from
-the operator's options (``coralrt.model.shapes``) for ``get_outputs()`` and
+the operator's options (``coralrt._model.shapes``) for ``get_outputs()`` and
 ``coralrt inspect``; the yardstick is LiteRT itself after ``allocate_tensors``
 and ``invoke``.
 """
@@ -16,12 +16,12 @@ import pytest
 from conftest import run_litert, shared_model, shared_model_names
 
 from coralrt import InferenceSession
-from coralrt.cli.main import main
-from coralrt.cli.run_cmd import detections, make_inputs
+from coralrt._cli.main import main
+from coralrt._cli.run_cmd import detections, make_inputs
 from coralrt import load_model
-from coralrt.model.shapes import DETECTION_POSTPROCESS, inferred_shapes
-from coralrt.model.writer import write_model
-from coralrt.tensors import TensorInfo, tensor_infos
+from coralrt._model.shapes import DETECTION_POSTPROCESS, inferred_shapes
+from coralrt._model.writer import write_model
+from coralrt._tensors import TensorInfo, tensor_infos
 
 SSD = "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"
 MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"

@@ -15,12 +15,12 @@ import re
 import pytest
 from conftest import REPO_ROOT
 
-from coralrt.cli import doctor_cmd as D
-from coralrt.cli.devices_cmd import device_node
-from coralrt.cli.main import main
+from coralrt._cli import doctor_cmd as D
+from coralrt._cli.devices_cmd import device_node
+from coralrt._cli.main import main
 from coralrt.errors import BackendUnavailableError, DeviceError
-from coralrt.usb import firmware, list_devices
-from coralrt.usb.discovery import DeviceInfo
+from coralrt._usb import firmware, list_devices
+from coralrt._usb.discovery import DeviceInfo
 from coralrt.testing import SimulatedBackend
 
 RULES_FILE = REPO_ROOT / "udev" / "99-coralrt.rules"
@@ -279,7 +279,7 @@ def test_cpu_backends_and_versions():
 def test_tflite_runtime_error_says_when_it_cannot_be_installed(monkeypatch):
     import importlib.util
     import sys
-    from coralrt.backends import litert
+    from coralrt._backends import litert
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "tflite_runtime" else real(name, *a))

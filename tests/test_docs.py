@@ -14,7 +14,7 @@ Conventions for the fenced code blocks of README.md and docs/*.md:
 - ```console blocks are terminal transcripts: a line starting with ``$ `` is
   a command (a trailing backslash continues it), the lines up to the next
   command are its output (stdout and stderr).  ``coralrt ...`` runs in-process
-  through ``coralrt.cli.main.main(argv)``, ``python ...`` as a subprocess,
+  through ``coralrt._cli.main.main(argv)``, ``python ...`` as a subprocess,
   ``echo $?`` prints the previous exit status; ``VAR=value`` before a command
   sets an environment variable for it (an absolute path is moved into the
   temporary folder, and mapped back in the output).  Nothing else runs: a block
@@ -183,7 +183,7 @@ def test_commands_that_cannot_run_are_refused(tmp_path, capsys, monkeypatch):
 # -- the plugin guide ------------------------------------------------------------------
 
 def test_plugin_guide_covers_every_hook():
-    from coralrt.plugins import hookspecs
+    from coralrt.plugins import _hookspecs as hookspecs
     text = (DOCS / "plugins.md").read_text()
     for name in dir(hookspecs):
         if name.startswith("coralrt_"):
@@ -191,14 +191,14 @@ def test_plugin_guide_covers_every_hook():
 
 
 def test_operator_tables_match_the_operator_specs():
-    """The docs' operator tables are generated from coralrt/ops; a spec change that
-    is not written back (``python -m coralrt.ops.doc_tables``) fails here."""
-    from coralrt.ops.doc_tables import TABLES, render, tables_in
+    """The docs' operator tables are generated from coralrt/_ops; a spec change that
+    is not written back (``python -m coralrt._ops.doc_tables``) fails here."""
+    from coralrt._ops.doc_tables import TABLES, render, tables_in
     seen = set()
     for path in DOC_FILES:
         for name, body in tables_in(path.read_text(encoding="utf-8")).items():
             assert name in TABLES, f"{path.name}: unknown operator table {name!r}"
             assert body == render(name), (f"{path.name}: the {name} table differs from the "
-                                          f"operator specs; run python -m coralrt.ops.doc_tables")
+                                          f"operator specs; run python -m coralrt._ops.doc_tables")
             seen.add(name)
     assert seen == set(TABLES), f"tables no page shows: {sorted(set(TABLES) - seen)}"

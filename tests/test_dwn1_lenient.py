@@ -19,16 +19,16 @@ from conftest import extra_model_paths, shared_model, shared_model_names
 from flatbuffers import flexbuffers
 from support.sim import dwn1_backend
 
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 from coralrt.errors import ExecutableError, ModelError
-from coralrt.formats.dwn1 import (
+from coralrt._formats.dwn1 import (
     UnknownEnum, check_runnable, describe, parse_package, select_executables,
 )
-from coralrt.formats.dwn1_schema import LAYOUT, TABLES, UNIONS, binary_strings
-from coralrt.formats.flexreader import FlexReader
+from coralrt._formats.dwn1_schema import LAYOUT, TABLES, UNIONS, binary_strings
+from coralrt._formats.flexreader import FlexReader
 from coralrt import load_model
-from coralrt.model.flatbuf import decode_root
-from coralrt.model.writer import write_model
+from coralrt._model.flatbuf import decode_root
+from coralrt._model.writer import write_model
 from coralrt import open_device
 
 V1 = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"

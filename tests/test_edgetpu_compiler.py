@@ -19,18 +19,18 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, shared_model
 
-from coralrt.formats.opnames import EDGETPU_OP
-from coralrt import config
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.edgetpu_compiler import (
+from coralrt._formats.opnames import EDGETPU_OP
+from coralrt import _config as config
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.edgetpu_compiler import (
     CompiledSegment, EdgeTpuCompiler, find_compiler, parse_log, parse_version,
 )
-from coralrt.compile.jit import jit_compile
-from coralrt.compile.segments import compile_model
-from coralrt.compile.partition import partition, plan_from_groups
-from coralrt.compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
-from coralrt.plugins import builtins
-from coralrt.plugins.registry import CompilerRegistry
+from coralrt._compile.jit import jit_compile
+from coralrt._compile.segments import compile_model
+from coralrt._compile.partition import partition, plan_from_groups
+from coralrt._compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
+from coralrt.plugins import _builtins as builtins
+from coralrt.plugins._registry import CompilerRegistry
 from coralrt.errors import (
     CompileError, CompilerUnavailableError, ConfigError, CoralRTError, SegmentNotMapped,
     TargetUnavailableError,
@@ -472,7 +472,7 @@ def test_stand_in_is_documented_and_executable():
 
 @pytest.fixture
 def fresh_plugins():
-    from coralrt.plugins import host as plugins
+    from coralrt.plugins import _host as plugins
     plugins.reset()
     yield
     plugins.reset()  # the process-wide host must not keep this test's compiler
@@ -518,8 +518,8 @@ def test_session_coral_compiles_with_edgetpu_compiler(fake, env, fresh_plugins):
 
 
 def test_compile_command_with_edgetpu_compiler(tmp_path, env, fake, capsys):
-    from coralrt.cli.main import main
-    from coralrt.plugins import host as plugins
+    from coralrt._cli.main import main
+    from coralrt.plugins import _host as plugins
 
     monkeypatch = env
     monkeypatch.setenv("CORALRT_EDGETPU_COMPILER", str(fake))
@@ -542,8 +542,8 @@ def test_target_coral_parses_a_plain_model_once(fake, env, fresh_plugins, monkey
     from support.sim import dwn1_backend
 
     from coralrt import InferenceSession
-    from coralrt.compile.cache import CompileCache
-    from coralrt.model import reader
+    from coralrt._compile.cache import CompileCache
+    from coralrt._model import reader
     from coralrt import open_device
 
     source = shared_model(f"{DEEPLAB}.tflite").read_bytes()

@@ -25,16 +25,16 @@ import test_edgetpu_compiler as stand_in
 from conftest import shared_model
 from test_edgetpu_compiler import DEEPLAB, VERSION, _compiled, _custom, _wrapper
 
-from coralrt import config
-from coralrt.cli import doctor_cmd as D
-from coralrt.cli import doctor_compile
-from coralrt.cli.main import main
-from coralrt.compile import emulation
-from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt import _config as config
+from coralrt._cli import doctor_cmd as D
+from coralrt._cli import doctor_compile
+from coralrt._cli.main import main
+from coralrt._compile import emulation
+from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.errors import COMPILER_HELP, CompileError, CompilerUnavailableError, ConfigError
 from coralrt import load_model
-from coralrt.plugins import builtins
-from coralrt.plugins.registry import CompilerRegistry
+from coralrt.plugins import _builtins as builtins
+from coralrt.plugins._registry import CompilerRegistry
 
 # The stand-in compiler's fixtures: env (no compiler settings) and fake (its wrapper script).
 env = stand_in.env

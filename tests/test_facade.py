@@ -15,8 +15,8 @@ def test_every_public_name_resolves():
 
 
 def test_lazy_names_are_the_objects_of_their_homes():
-    from coralrt.compile.cache import CompileCache
-    from coralrt.runtime.device import EdgeTpuDevice
+    from coralrt._compile.cache import CompileCache
+    from coralrt._runtime.device import EdgeTpuDevice
     from coralrt import list_devices, open_device
 
     assert coralrt.open_device is open_device and coralrt.list_devices is list_devices
@@ -26,7 +26,7 @@ def test_lazy_names_are_the_objects_of_their_homes():
 def test_importing_coralrt_does_not_load_the_usb_driver_or_the_compiler():
     # The cpu target needs neither; they are imported when a target or a lazy name asks.
     code = ("import sys, coralrt; "
-            "print(sorted(m for m in ('coralrt.usb.driver', 'coralrt.compile.jit', "
+            "print(sorted(m for m in ('coralrt._usb.driver', 'coralrt._compile.jit', "
             "'usb.core') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -1,4 +1,4 @@
-"""coralrt.fileio.atomic_write: the one way coralrt replaces a file."""
+"""coralrt._fileio.atomic_write: the one way coralrt replaces a file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coralrt import fileio
-from coralrt.fileio import atomic_write, is_temporary
+from coralrt import _fileio as fileio
+from coralrt._fileio import atomic_write, is_temporary
 
 
 def leftovers(directory: Path) -> list[str]:

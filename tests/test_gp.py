@@ -12,7 +12,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from coralrt import InferenceSession, gp
 from coralrt.errors import ConfigError, InputError
-from coralrt.gp import scaling, tile_models as tm
+from coralrt.gp import _scaling as scaling, _tile_models as tm
 
 
 def _errors(got, ref):

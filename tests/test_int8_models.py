@@ -11,7 +11,7 @@ from conftest import run_litert, shared_image, shared_model
 
 from coralrt import InferenceSession, load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.types import TENSOR_TYPES
+from coralrt._model.types import TENSOR_TYPES
 from support.int8_models import (
     WEIGHT_OPERATORS, Int8ConversionError, int8_per_channel_from_uint8,
 )

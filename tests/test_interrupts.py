@@ -34,11 +34,11 @@ from conftest import shared_model
 from support.models import conv_chain
 
 from coralrt import InferenceSession
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.partition import partition
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.partition import partition
 from coralrt.errors import CoralRTError, InferenceError
 from coralrt.testing import ModelBuilder, SimulatedBackend, simulated_stick
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt._usb.driver import UsbEdgeTpu
 
 SOAK = os.environ.get("CORALRT_SOAK", "") not in ("", "0")
 soak = pytest.mark.skipif(not SOAK, reason="soak test: set CORALRT_SOAK=1 to run it")

@@ -15,12 +15,12 @@ import pytest
 from conftest import REPO_ROOT, random_inputs, shared_model
 
 from coralrt import InferenceSession
-from coralrt.cli.main import main
-from coralrt.formats import segment_codec as seg_format
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.jit import jit_compile
-from coralrt.compile.segments import compile_model
-from coralrt.formats.opnames import SEGMENT_OP
+from coralrt._cli.main import main
+from coralrt._formats import segment_codec as seg_format
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.jit import jit_compile
+from coralrt._compile.segments import compile_model
+from coralrt._formats.opnames import SEGMENT_OP
 from coralrt.errors import ModelError
 from coralrt import load_model
 
@@ -182,7 +182,7 @@ def test_a_changed_model_file_is_compiled_again(tmp_path):
 def test_segments_whose_activations_overflow_the_chip_are_split():
     import numpy as np
 
-    from coralrt.compile.rules import UNSPECIFIED_LIMITATION
+    from coralrt._compile.rules import UNSPECIFIED_LIMITATION
     from coralrt.testing import ModelBuilder
 
     b = ModelBuilder()
@@ -213,7 +213,7 @@ def test_segments_whose_activations_overflow_the_chip_are_split():
 def test_sim_session_parses_the_source_once_and_keeps_the_model_it_compiled(
         monkeypatch, tmp_path):
     from coralrt import InferenceSession
-    from coralrt.model import reader
+    from coralrt._model import reader
 
     parsed = []
     real = reader.validate
@@ -422,7 +422,7 @@ def test_crc32_combine_is_zlibs():
     # again; the combination is zlib's crc32_combine.
     import zlib
 
-    from coralrt.formats.crc import crc32_combine
+    from coralrt._formats.crc import crc32_combine
 
     rng = np.random.default_rng(0)
     for n1, n2 in [(0, 0), (0, 5), (7, 0), (1, 1), (100, 3000), (4096, 65537)]:

@@ -32,51 +32,51 @@ PACKAGE = "coralrt"
 # (test_the_architecture_doc_shows_the_layers fails until it does).
 #
 # A module belongs to the layer of the longest entry that equals its name or
-# is a dotted prefix of it ("coralrt.sim" holds coralrt.sim.runner but not
+# is a dotted prefix of it ("coralrt._sim" holds coralrt._sim.runner but not
 # coralrt.simulator).  The root entry "coralrt" is the facade module
 # (coralrt/__init__.py) only, never a prefix: otherwise it would hold every
 # package missing from the table, and those must be placed here explicitly.
 # Modules of one layer may import each other (the cycle check still applies).
 LAYERS: list[tuple[str, ...]] = [
-    ("coralrt.errors", "coralrt.formats.opnames"),
-    ("coralrt.version", "coralrt.config", "coralrt.fileio", "coralrt.logs", "coralrt.wheels",
-     "coralrt.ops.arith"),
-    ("coralrt.model", "coralrt.ops"),
-    ("coralrt.tensors",),
-    ("coralrt.formats",),
-    ("coralrt.compile",),
-    ("coralrt.sim",),
-    ("coralrt.runtime",),
-    ("coralrt.backends",),
-    ("coralrt.usb",),
-    ("coralrt.sim.stick",),
+    ("coralrt.errors", "coralrt._formats.opnames"),
+    ("coralrt._version", "coralrt._config", "coralrt._fileio", "coralrt._logs", "coralrt._wheels",
+     "coralrt._ops.arith"),
+    ("coralrt._model", "coralrt._ops"),
+    ("coralrt._tensors",),
+    ("coralrt._formats",),
+    ("coralrt._compile",),
+    ("coralrt._sim",),
+    ("coralrt._runtime",),
+    ("coralrt._backends",),
+    ("coralrt._usb",),
+    ("coralrt._sim.stick",),
     ("coralrt.plugins",),
-    ("coralrt.targets",),
-    ("coralrt.session",),
+    ("coralrt._targets",),
+    ("coralrt._session",),
     ("coralrt.vision", "coralrt.gp"),
-    ("coralrt.selftest",),
+    ("coralrt._selftest",),
     ("coralrt",),
-    ("coralrt.cli", "coralrt.__main__", "coralrt.tflite", "coralrt.server", "coralrt.testing"),
+    ("coralrt._cli", "coralrt.__main__", "coralrt.tflite", "coralrt._server", "coralrt.testing"),
     ("coralrt.pycoral",),
     ("coralrt.compat",),
 ]
 # What an entry holds, where its name does not say it (the docs' table shows it).
 NOTES: dict[str, str] = {
     "coralrt.errors": "imports nothing of coralrt, like everything in this layer",
-    "coralrt.formats.opnames": "the program formats' table",
-    "coralrt.ops": "the operator specs: validation reads them at load time; they name the "
+    "coralrt._formats.opnames": "the program formats' table",
+    "coralrt._ops": "the operator specs: validation reads them at load time; they name the "
                    "kernels of the layers above by `\"module:name\"`",
-    "coralrt.ops.arith": "the kernels' fixed-point and requantization arithmetic, "
+    "coralrt._ops.arith": "the kernels' fixed-point and requantization arithmetic, "
                          "below the specs so that a family file can use it",
-    "coralrt.formats": "segment format, memory plan, codec, DWN1 parsing",
-    "coralrt.sim": "the simulated Edge TPU: kernels, runner, latency; not `coralrt.sim.stick`",
-    "coralrt.sim.stick": "the simulated stick, a pyusb backend",
+    "coralrt._formats": "segment format, memory plan, codec, DWN1 parsing",
+    "coralrt._sim": "the simulated Edge TPU: kernels, runner, latency; not `coralrt._sim.stick`",
+    "coralrt._sim.stick": "the simulated stick, a pyusb backend",
     "coralrt.vision": "task helpers: images in; classes, boxes, masks, keypoints out",
     "coralrt.gp": "array operations on Edge TPUs: numpy arrays in and out",
-    "coralrt.selftest": "the checks of `coralrt selftest`: a stick end to end",
+    "coralrt._selftest": "the checks of `coralrt selftest`: a stick end to end",
     "coralrt": "the facade, `coralrt/__init__.py`",
     "coralrt.tflite": "tflite_runtime's API",
-    "coralrt.server": "the compile service",
+    "coralrt._server": "the compile service",
     "coralrt.testing": "model builder, demo model, simulated sticks",
     "coralrt.pycoral": "pycoral's API over `coralrt.tflite`",
     "coralrt.compat": "maps `tflite_runtime` and `pycoral` imports",
@@ -349,9 +349,9 @@ def coralrt_report() -> Report:
 def test_modules_found():
     report = coralrt_report()
     # Guards against a scan that silently finds nothing (and so checks nothing).
-    assert {"coralrt", "coralrt.errors", "coralrt.session", "coralrt.sim.stick.device",
-            "coralrt.cli.main"} <= set(report.modules)
-    assert any(i.importer == "coralrt.session" for i in report.imports)
+    assert {"coralrt", "coralrt.errors", "coralrt._session", "coralrt._sim.stick.device",
+            "coralrt._cli.main"} <= set(report.modules)
+    assert any(i.importer == "coralrt._session" for i in report.imports)
 
 
 def test_every_module_has_a_layer():

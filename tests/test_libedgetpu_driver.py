@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from conftest import shared_model
 
-from coralrt import InferenceSession, config
-from coralrt.backends import get_backend
-from coralrt.backends import libedgetpu as via
+from coralrt import InferenceSession, _config as config
+from coralrt._backends import get_backend
+from coralrt._backends import libedgetpu as via
 from coralrt.errors import (
     CompilerUnavailableError,
     ConfigError,
@@ -271,7 +271,7 @@ def test_the_probe_is_given_the_delegate_options(monkeypatch):
 
 
 def test_coralrt_segments_are_refused():
-    from coralrt.compile.jit import jit_compile
+    from coralrt._compile.jit import jit_compile
     model = jit_compile(shared_model("mobilenet_v1_0.25_128_quant.tflite")).model
     with pytest.raises(ModelError, match="coralrt-segment"):
         via.load_program(model, backend=get_backend())

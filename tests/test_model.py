@@ -11,7 +11,7 @@ from conftest import model_params, random_inputs, run_litert, shared_model, shar
 from coralrt.errors import ModelError
 from coralrt import Model, load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.extract import boundary, extract
+from coralrt._model.extract import boundary, extract
 
 # Plain models LiteRT can run by itself (no third-party custom op).
 RUNNABLE = [n for n in ("add_float.tflite", "add_quantized_int8.tflite",

@@ -25,9 +25,9 @@ from conftest import REPO_ROOT, model_params, shared_model, shared_model_names
 from flatbuffers import flexbuffers
 
 from coralrt.errors import ExecutableError, ModelError
-from coralrt.formats import dwn1
-from coralrt.formats.flexreader import FlexReader
-from coralrt.model import flatbuf, load_model
+from coralrt._formats import dwn1
+from coralrt._formats.flexreader import FlexReader
+from coralrt._model import flatbuf, load_model
 from coralrt.testing import ModelBuilder
 
 CHILD_TIMEOUT = 20.0   # a regression takes minutes and gigabytes; fail instead
@@ -91,8 +91,8 @@ def run_isolated(data: bytes, call: str, tmp_path) -> dict:
     code = textwrap.dedent(f"""
         import json, sys, time
         from coralrt import load_model
-        from coralrt.formats.dwn1 import parse_package
-        from coralrt.model.custom_options import decode_flexbuffer_map
+        from coralrt._formats.dwn1 import parse_package
+        from coralrt._model.custom_options import decode_flexbuffer_map
         data = open({str(path)!r}, "rb").read()
         t, wall = time.process_time(), time.perf_counter()
         try:
@@ -250,7 +250,7 @@ def test_flexbuffer_bomb_in_custom_options_is_refused_fast(tmp_path):
 
 
 def test_custom_options_of_a_well_formed_map_decode_as_flexbuffers_does():
-    from coralrt.model.custom_options import decode_flexbuffer_map
+    from coralrt._model.custom_options import decode_flexbuffer_map
     small = flex_bomb(3, 2, 5)
     assert decode_flexbuffer_map(small) == flexbuffers.Loads(small)
     opts = {"num_classes": 90, "nested": [1, [2.5, "x"], {"k": True}], "blob": b"\x00\x01"}

@@ -21,7 +21,7 @@ from conftest import MODELS_DIR, REPO_ROOT, shared_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.model import flatbuf
+from coralrt._model import flatbuf
 
 SEEDS = ["add_quantized_uint8.tflite", "hello_world_int8.tflite", "split_concat.tflite",
          "keras_lstm_mnist_ptq.tflite", "add_float.tflite",

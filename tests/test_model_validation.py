@@ -7,7 +7,7 @@ import pytest
 from conftest import run_litert, shared_model
 
 from coralrt.errors import CoralRTError, ModelError
-from coralrt.model import flatbuf, load_model
+from coralrt._model import flatbuf, load_model
 
 
 def tree_of(name: str) -> dict:
@@ -270,7 +270,7 @@ def test_omitted_conv_filter_is_rejected():
                                   "keras_lstm_mnist_ptq.tflite", "hello_world_int8.tflite",
                                   "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"])
 def test_every_required_input_set_to_minus_one_is_rejected(name):
-    from coralrt.model.optional_inputs import OPTIONAL_INPUTS
+    from coralrt._model.optional_inputs import OPTIONAL_INPUTS
 
     data = shared_model(name).read_bytes()
     model = load_model(data)
@@ -322,7 +322,7 @@ def test_lstm_input_gate_bias_may_be_omitted_only_without_input_gate():
 
 def _if_model(branch_reads_second: bool):
     from coralrt.testing import ModelBuilder
-    from coralrt.model.types import Model
+    from coralrt._model.types import Model
 
     def branch(op_name):
         b = ModelBuilder(name=op_name)
@@ -371,8 +371,8 @@ def test_too_few_inputs_are_rejected():
 
 
 def test_optional_input_tables_name_builtin_operators():
-    from coralrt.model.optional_inputs import MIN_INPUTS, ONLY_WITH, OPTIONAL_INPUTS
-    from coralrt.model.types import BUILTIN_NAMES
+    from coralrt._model.optional_inputs import MIN_INPUTS, ONLY_WITH, OPTIONAL_INPUTS
+    from coralrt._model.types import BUILTIN_NAMES
 
     names = set(BUILTIN_NAMES.values())
     assert set(OPTIONAL_INPUTS) <= names and set(MIN_INPUTS) <= names
@@ -410,7 +410,7 @@ def _csr(segments, indices) -> dict:
 @pytest.mark.parametrize("encoding", ["dense", "csr", "blocked"])
 def test_sparse_reshape_shape_that_litert_reads_correctly_runs(encoding, tmp_path):
     from coralrt import InferenceSession
-    from coralrt.cli.inspect_cmd import model_report
+    from coralrt._cli.inspect_cmd import model_report
 
     meta = {"dense": ([2, 4], [{"format": 0, "dense_size": 2}], (0,), None),
             "csr": ([2, 4], [_csr([0, 2], [0, 1])], (0,), None),
@@ -434,7 +434,7 @@ def test_sparse_reshape_shape_that_litert_reads_correctly_runs(encoding, tmp_pat
     ([2, 4], _csr([0, 2], [0, 5]), "invalid sparsity parameters"),
 ])
 def test_sparse_reshape_shape_that_litert_misreads_is_rejected(stored, meta, match, tmp_path):
-    from coralrt.cli.inspect_cmd import model_report
+    from coralrt._cli.inspect_cmd import model_report
 
     path = tmp_path / "m.tflite"
     path.write_bytes(_sparse_reshape(stored, [meta]))
@@ -496,7 +496,7 @@ def test_concatenation_output_must_be_the_concatenation_of_its_inputs():
 def test_integer_lstm_weights_must_be_constants():
     # Found by the rewiring fuzzer: the INT8 LSTM kernel reads its weights and
     # biases at prepare time, when only constants have memory (SIGSEGV).
-    from coralrt.model.types import Tensor
+    from coralrt._model.types import Tensor
 
     model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
     sg = model.main

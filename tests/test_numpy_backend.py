@@ -18,15 +18,15 @@ from conftest import (
     extra_model_paths, litert_module, random_inputs, run_litert, shared_model, shared_model_names,
 )
 
-from coralrt.backends.numpy_backend import NumpyBackend
+from coralrt._backends.numpy_backend import NumpyBackend
 from coralrt.errors import (
     ConfigError, InferenceError, InputError, ModelError, SegmentTooLargeError,
     UnsupportedOperatorError,
 )
-from coralrt.formats.segment import build_segment
+from coralrt._formats.segment import build_segment
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.types import numpy_dtype
+from coralrt._model.types import numpy_dtype
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}
 SSD_HEAD = "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"
@@ -612,8 +612,8 @@ def test_arguments_and_inputs_are_checked():
 
 
 def test_the_libedgetpu_driver_needs_an_interpreter_backend():
-    from coralrt.backends import libedgetpu
-    from coralrt.compile.jit import jit_compile
+    from coralrt._backends import libedgetpu
+    from coralrt._compile.jit import jit_compile
     model = jit_compile(shared_model("mobilenet_v1_0.25_128_quant.tflite")).model
     with pytest.raises(ConfigError, match="'numpy' cannot load delegates"):
         libedgetpu.load_program(model, backend=NumpyBackend())

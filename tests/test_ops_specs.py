@@ -1,4 +1,4 @@
-"""The operator specs (coralrt/ops): one home per operator, and the path
+"""The operator specs (coralrt/_ops): one home per operator, and the path
 CONTRIBUTING.md gives for adding one (a family file), taken end to end."""
 
 from __future__ import annotations
@@ -8,27 +8,27 @@ import textwrap
 import numpy as np
 import pytest
 
-import coralrt.ops as ops_pkg
+import coralrt._ops as ops_pkg
 from coralrt import InferenceSession
-from coralrt.backends import numpy_backend
-from coralrt.compile.partition import partition
-from coralrt.compile.rules import default_rules
+from coralrt._backends import numpy_backend
+from coralrt._compile.partition import partition
+from coralrt._compile.rules import default_rules
 from coralrt.testing import ModelBuilder
-from coralrt.model.writer import write_model
-from coralrt.ops import OpSpec, builtin_specs, family_of, kernel_table, operator_table
-from coralrt.ops.fused import FUSED_BOUNDS, fused_bounds
-from coralrt.plugins import host
-from coralrt.plugins.host import PluginHost
-from coralrt.sim import kernels as sim_kernels
+from coralrt._model.writer import write_model
+from coralrt._ops import OpSpec, builtin_specs, family_of, kernel_table, operator_table
+from coralrt._ops.fused import FUSED_BOUNDS, fused_bounds
+from coralrt.plugins import _host as host
+from coralrt.plugins._host import PluginHost
+from coralrt._sim import kernels as sim_kernels
 
 FAMILY = '''
 """A family file as CONTRIBUTING.md describes it (test only)."""
 
 import numpy as np
 
-from coralrt.ops.arith.common import refuse
-from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.ops.spec import OpSpec, OpSupport
+from coralrt._ops.arith.common import refuse
+from coralrt._ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt._ops.spec import OpSpec, OpSupport
 
 
 def zeros_like(ctx: "OpContext"):
@@ -161,7 +161,7 @@ def test_every_spec_lives_in_one_family_and_names_importable_kernels():
 
 
 def test_a_spec_names_its_kernels_by_string_or_callable():
-    spec = OpSpec("X", sim="coralrt.sim.kernels.shape:tile", numpy_any=len)
+    spec = OpSpec("X", sim="coralrt._sim.kernels.shape:tile", numpy_any=len)
     assert spec.sim.load() is sim_kernels.kernel_for("TILE") and spec.numpy_any is len
 
 
@@ -176,8 +176,8 @@ def test_an_unknown_fused_activation_is_refused_everywhere():
 
 
 def test_a_plugin_spec_adds_to_coralrts_rules_and_wins_over_a_builtin_spec():
-    from coralrt.compile.rules import OpSupport, OpView
-    from coralrt.plugins.registry import BUILTIN, OpRegistry
+    from coralrt._compile.rules import OpSupport, OpView
+    from coralrt.plugins._registry import BUILTIN, OpRegistry
     bare = OpRegistry()
     bare.for_plugin("acme").add_spec(OpSpec("ZEROS_LIKE", tpu=OpSupport(1)))
     rules = bare.rules()

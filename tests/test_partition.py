@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from conftest import MODELS_DIR, model_params, random_inputs, run_litert, shared_model
 
-from coralrt.cli.main import main
-from coralrt.compile import rules as R
-from coralrt.compile.pairs import compiler_mapping
-from coralrt.compile.partition import partition
+from coralrt._cli.main import main
+from coralrt._compile import rules as R
+from coralrt._compile.pairs import compiler_mapping
+from coralrt._compile.partition import partition
 from coralrt.errors import ConfigError
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.extract import extract
+from coralrt._model.extract import extract
 
 
 def compiled_pairs() -> list:

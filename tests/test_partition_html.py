@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import shared_model
 
-from coralrt.cli.main import main
-from coralrt.cli.partition_cmd import segment_estimates
-from coralrt.cli.partition_html import render_html, render_svg
-from coralrt.compile.partition import partition
+from coralrt._cli.main import main
+from coralrt._cli.partition_cmd import segment_estimates
+from coralrt._cli.partition_html import render_html, render_svg
+from coralrt._compile.partition import partition
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
 
@@ -109,8 +109,8 @@ def test_deeplab_page_names_every_operator_reason_and_segment(tmp_path, capsys, 
 
 def test_estimates_are_the_simulated_sticks(tmp_path):
     """The per-segment estimate is what the simulated stick reports for the same run."""
-    from coralrt.compile.cache import CompileCache
-    from coralrt.session import InferenceSession
+    from coralrt._compile.cache import CompileCache
+    from coralrt._session import InferenceSession
     path = shared_model("mobilenet_v1_0.25_128_quant.tflite")
     model = load_model(path)
     est = segment_estimates(model, partition(model, "multi"))

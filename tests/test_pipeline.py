@@ -1,5 +1,5 @@
 """Pipelining a program's Edge TPU segments across two simulated sticks
-(coralrt.runtime.pipeline): same outputs as the unpipelined program,
+(coralrt._runtime.pipeline): same outputs as the unpipelined program,
 concurrent callers, failures reaching the caller, shutdown, and two
 independent sessions on two sticks in one process.  No real stick is used:
 the sticks are the simulated USB backend with its latency model, so device
@@ -17,11 +17,11 @@ from support.models import conv_chain
 from support.sim import isolated_dirs  # noqa: F401 (fixtures)
 
 from coralrt import InferenceSession
-from coralrt.backends import get_backend
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.jit import jit_compile
-from coralrt.runtime.executor import ExecutorProgram, Step, build_program
-from coralrt.runtime.pipeline import PipelinedProgram, build_pipelined_program, stages_of
+from coralrt._backends import get_backend
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.jit import jit_compile
+from coralrt._runtime.executor import ExecutorProgram, Step, build_program
+from coralrt._runtime.pipeline import PipelinedProgram, build_pipelined_program, stages_of
 from coralrt.errors import ConfigError, DeviceError, InferenceError, InputError
 from coralrt.testing import LatencyModel
 from coralrt import open_device

@@ -19,13 +19,13 @@ import pytest
 
 import coralrt
 from coralrt import InferenceSession
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 from coralrt.plugins import OpSupport
 from coralrt.errors import ConfigError, InferenceError, InputError, PluginError
 from coralrt.testing import ModelBuilder
-from coralrt.plugins import host as plugin_host_module, hookspecs
-from coralrt.plugins.host import PluginHost, columns
-from coralrt.plugins.registry import BUILTIN
+from coralrt.plugins import _host as plugin_host_module, _hookspecs as hookspecs
+from coralrt.plugins._host import PluginHost, columns
+from coralrt.plugins._registry import BUILTIN
 
 DISABLE = "CORALRT_DISABLE_PLUGIN_AUTOLOAD"
 STRICT = "CORALRT_PLUGINS_STRICT"
@@ -285,7 +285,7 @@ class Watcher:
 
 
 def test_plugin_objects_are_named_by_their_class():
-    import coralrt.plugins.builtins as module
+    import coralrt.plugins._builtins as module
     host = PluginHost([Twice(), Watcher(), Watcher(), Watcher])
     names = host.names[1:]
     assert names == ["test_plugin_failures.Twice", "test_plugin_failures.Watcher",

@@ -16,14 +16,14 @@ from conftest import random_inputs, shared_model
 import coralrt
 from coralrt import InferenceSession
 from coralrt.plugins import NativeCompiler
-from coralrt.compile.rules import OpSupport, OpView
-from coralrt.plugins import hookspecs
-from coralrt.plugins.host import PluginHost, plugin_host
-from coralrt.plugins.registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt._compile.rules import OpSupport, OpView
+from coralrt.plugins import _hookspecs as hookspecs
+from coralrt.plugins._host import PluginHost, plugin_host
+from coralrt.plugins._registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
 from coralrt.errors import ConfigError, PluginError, UnsupportedOperatorError
-from coralrt.runtime.info import OpInfo, StepInfo
+from coralrt._runtime.info import OpInfo, StepInfo
 from coralrt.testing import ModelBuilder, SimulatedBackend
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt._usb.driver import UsbEdgeTpu
 
 Q = dict(scale=0.05, zero_point=-3)
 
@@ -113,11 +113,11 @@ def test_hookspecs_are_documented():
 
 def test_hookspecs_document_what_plugins_receive():
     ops = inspect.getdoc(hookspecs.coralrt_register_ops)
-    assert "coralrt.runtime.info.OpInfo" in ops
+    assert "coralrt._runtime.info.OpInfo" in ops
     for f in dataclasses.fields(OpInfo):
         assert f"``{f.name}``" in ops, f"coralrt_register_ops does not document OpInfo.{f.name}"
     step = inspect.getdoc(hookspecs.coralrt_run_step)
-    assert "coralrt.runtime.info.StepInfo" in step
+    assert "coralrt._runtime.info.StepInfo" in step
     for f in dataclasses.fields(StepInfo):
         assert f"``{f.name}" in step, f"coralrt_run_step does not document StepInfo.{f.name}"
     source = inspect.getsource(hookspecs)
@@ -209,7 +209,7 @@ def test_hook_coralrt_register_compilers():
 
 def test_hook_coralrt_register_rewrites():
     """A plugin's rewrite replaces coralrt's own of the same name and runs in sessions."""
-    from coralrt.plugins.rewrite_registry import RewriteRegistry
+    from coralrt.plugins._rewrite_registry import RewriteRegistry
     ran = []
 
     class NoGelu:

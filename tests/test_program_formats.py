@@ -1,4 +1,4 @@
-"""The table of program formats (coralrt.formats.opnames): each format's custom
+"""The table of program formats (coralrt._formats.opnames): each format's custom
 operator, magic and handle class agree with the code that writes and reads them,
 the executor chooses by operator name and the USB driver by format id."""
 
@@ -9,23 +9,23 @@ import importlib
 import numpy as np
 from conftest import shared_model
 
-from coralrt.formats import segment_codec
-from coralrt.formats.opnames import (
+from coralrt._formats import segment_codec
+from coralrt._formats.opnames import (
     BY_ID, BY_OP, DEVICE_OPS, DWN1, EDGETPU_OP, FORMATS, SEGMENT, SEGMENT_OP, identify,
 )
 from coralrt import load_model
-from coralrt.model.compiled import compiled_by
-from coralrt.runtime.device import EdgeTpuDevice, RunStats
-from coralrt.runtime.executor import build_program
+from coralrt._model.compiled import compiled_by
+from coralrt._runtime.device import EdgeTpuDevice, RunStats
+from coralrt._runtime.executor import build_program
 from coralrt.testing import SimulatedBackend
-from coralrt.usb import handles, open_device
-from coralrt.usb.extension import PROGRAM_KINDS
+from coralrt._usb import handles, open_device
+from coralrt._usb.extension import PROGRAM_KINDS
 
 EDGETPU_MODEL = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 
 
 def _segment_bytes() -> bytes:
-    from coralrt.formats.segment import build_segment
+    from coralrt._formats.segment import build_segment
     from coralrt.testing import ModelBuilder
     b = ModelBuilder(name="relu")
     x = b.input("x", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)

@@ -8,13 +8,13 @@ import sys
 import pytest
 from conftest import shared_model
 
-from coralrt.cli import _progress
-from coralrt.cli.main import main
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.cache_archive import export_cache
-from coralrt.compile.segments import compile_model
-from coralrt.compile.jit import jit_compile
-from coralrt.compile.partition import partition
+from coralrt._cli import _progress
+from coralrt._cli.main import main
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.cache_archive import export_cache
+from coralrt._compile.segments import compile_model
+from coralrt._compile.jit import jit_compile
+from coralrt._compile.partition import partition
 from coralrt import load_model
 
 pytest.importorskip("tqdm")

@@ -345,25 +345,25 @@ def test_make_interpreter_content_path_and_delegate(fake_tflite, tmp_path):
 
 
 def test_list_edge_tpus_shapes(monkeypatch):
-    import coralrt.usb
-    from coralrt.usb import DeviceInfo
+    import coralrt._usb
+    from coralrt._usb import DeviceInfo
     infos = [DeviceInfo("usb:0", "running", 2, 5, "/sys/bus/usb/devices/2-1", "usb3"),
              DeviceInfo("usb:1", "bootloader", 3, 2, "", "usb2")]
-    monkeypatch.setattr(coralrt.usb, "list_devices", lambda: infos)
+    monkeypatch.setattr(coralrt._usb, "list_devices", lambda: infos)
     assert edgetpu.list_edge_tpus() == [{"type": "usb", "path": "/sys/bus/usb/devices/2-1"},
                                         {"type": "usb", "path": "usb:1"}]
 
 
 def test_list_edge_tpus_never_raises(monkeypatch):
-    import coralrt.usb
+    import coralrt._usb
     from coralrt.errors import DeviceNotFoundError
 
     def broken():
         raise DeviceNotFoundError("no libusb backend is available")
 
-    monkeypatch.setattr(coralrt.usb, "list_devices", broken)
+    monkeypatch.setattr(coralrt._usb, "list_devices", broken)
     assert edgetpu.list_edge_tpus() == []
-    monkeypatch.setitem(sys.modules, "coralrt.usb", None)      # the import itself fails
+    monkeypatch.setitem(sys.modules, "coralrt._usb", None)      # the import itself fails
     assert edgetpu.list_edge_tpus() == []
 
 
@@ -407,7 +407,7 @@ def test_run_inference_on_litert_matches_set_tensor():
 
 
 def test_runtime_version():
-    from coralrt.version import version
+    from coralrt._version import version
     text = edgetpu.get_runtime_version()
     assert isinstance(text, str) and "coralrt" in text and version() in text
 

@@ -1,5 +1,5 @@
 """``strategy="replicate"``: the whole program on each of several simulated sticks,
-each request on one free stick (coralrt.runtime.replicate), against a
+each request on one free stick (coralrt._runtime.replicate), against a
 single-stick run; and how ``strategy`` chooses between replicate and pipeline."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from support.models import conv_chain
 
 from coralrt import InferenceSession
-from coralrt.compile.cache import CompileCache
+from coralrt._compile.cache import CompileCache
 from coralrt.errors import (
     ConfigError, DeviceError, DeviceLostError, InferenceTimeoutError, QueueFullError,
 )
-from coralrt.runtime.executor import ExecutorProgram
-from coralrt.runtime.pipeline import PipelinedProgram
-from coralrt.runtime.replicate import ReplicatedProgram
+from coralrt._runtime.executor import ExecutorProgram
+from coralrt._runtime.pipeline import PipelinedProgram
+from coralrt._runtime.replicate import ReplicatedProgram
 from coralrt.testing import LatencyModel, SimulatedBackend
 from coralrt import open_device
 

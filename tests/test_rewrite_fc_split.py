@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from conftest import run_litert
 
-from coralrt.compile.checks import INPUT_WIDTH_LIMIT, WIDTH_LIMIT, WIDTH_LIMIT_GELU
-from coralrt.compile.partition import partition
-from coralrt.compile.rewrite.base import run_rewrites
-from coralrt.compile.rewrite.fc_conv import FC_AS_CONV
-from coralrt.compile.rewrite.split import SPLIT_EMBEDDING, SPLIT_WIDE, part_sizes
-from coralrt.compile.rules import OpView, default_rules
+from coralrt._compile.checks import INPUT_WIDTH_LIMIT, WIDTH_LIMIT, WIDTH_LIMIT_GELU
+from coralrt._compile.partition import partition
+from coralrt._compile.rewrite.base import run_rewrites
+from coralrt._compile.rewrite.fc_conv import FC_AS_CONV
+from coralrt._compile.rewrite.split import SPLIT_EMBEDDING, SPLIT_WIDE, part_sizes
+from coralrt._compile.rules import OpView, default_rules
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
 from kernels.harness import check

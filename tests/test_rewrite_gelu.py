@@ -9,9 +9,9 @@ import pytest
 from conftest import run_litert
 from kernels.harness import check
 
-from coralrt.compile.partition import partition
-from coralrt.compile.rewrite import run_rewrites
-from coralrt.compile.rewrite.gelu import (
+from coralrt._compile.partition import partition
+from coralrt._compile.rewrite import run_rewrites
+from coralrt._compile.rewrite.gelu import (
     FLOAT_MAX_ERROR, GELU_REWRITE, float_max_error, gelu_exact, igelu_float,
 )
 from coralrt import load_model

@@ -10,16 +10,16 @@ import pytest
 
 import coralrt
 from coralrt import InferenceSession
-from coralrt.compile.checks import WIDTH_LIMIT, WIDTH_LIMIT_GELU
+from coralrt._compile.checks import WIDTH_LIMIT, WIDTH_LIMIT_GELU
 from coralrt.plugins import NativeCompiler
-from coralrt.compile.partition import partition
-from coralrt.compile.rewrite import (
+from coralrt._compile.partition import partition
+from coralrt._compile.rewrite import (
     GraphEditor, RewriteRecord, run_rewrites, select_rewrites,
 )
 from coralrt.errors import ConfigError, ModelError, SegmentNotMapped
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.plugins.rewrite_registry import RewriteRegistry
+from coralrt.plugins._rewrite_registry import RewriteRegistry
 
 Q = dict(scale=0.05, zero_point=0)
 
@@ -313,7 +313,7 @@ def _fc_matrix_model(path):
 def test_partition_command_rewrites(tmp_path, capsys):
     import json
 
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
     path = _fc_matrix_model(tmp_path / "fc.tflite")
     assert main(["partition", path, "--rewrites", "none"]) == 0
     out = capsys.readouterr().out
@@ -365,7 +365,7 @@ def test_a_failing_rewrite_is_skipped_with_a_warning(caplog):
 
 
 def test_partition_picture_lists_the_rewrites(tmp_path, capsys):
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
     path = _fc_matrix_model(tmp_path / "fc.tflite")
     page = tmp_path / "plan.html"
     assert main(["partition", path, "--html", str(page)]) == 0
@@ -381,7 +381,7 @@ def test_partition_picture_lists_the_rewrites(tmp_path, capsys):
 def test_compile_command_rewrites(tmp_path, capsys):
     import json
 
-    from coralrt.cli.main import main
+    from coralrt._cli.main import main
     path = _fc_matrix_model(tmp_path / "fc.tflite")
     out = tmp_path / "fc_coralrt.tflite"
     assert main(["compile", path, "-o", str(out), "--json"]) == 0     # exact by default

@@ -13,16 +13,16 @@ from conftest import shared_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.formats.memplan import (
+from coralrt._formats.memplan import (
     EDGETPU_ONCHIP_BYTES, check_plan, plan_memory, split_parameters,
 )
-from coralrt.formats.segment import Segment, build_segment, check_segment
-from coralrt.formats.segment_codec import HEADER_SIZE, MAGIC, decode, encode
+from coralrt._formats.segment import Segment, build_segment, check_segment
+from coralrt._formats.segment_codec import HEADER_SIZE, MAGIC, decode, encode
 from coralrt.errors import ModelError, SegmentFormatError, SegmentTooLargeError
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.extract import extract
-from coralrt.model.types import BUILTIN_CODES
+from coralrt._model.extract import extract
+from coralrt._model.types import BUILTIN_CODES
 
 MOBILENET = "mobilenet_v1_0.25_128_quant.tflite"
 _HEADER = struct.Struct("<8sHHIQI5I")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import EXTRA_MODELS_ENV, MODELS_DIR, REPO_ROOT
 
-from coralrt.cli.main import main as cli_main
-from coralrt.selftest import CHIP_REASON, REPORT_KEYS, run_selftest
-from coralrt.selftest import libedgetpu as L
-from coralrt.selftest import models as M
-from coralrt.selftest import runner
-from coralrt.selftest.recorder import Transfer, compare_with_trace
+from coralrt._cli.main import main as cli_main
+from coralrt._selftest import CHIP_REASON, REPORT_KEYS, run_selftest
+from coralrt._selftest import libedgetpu as L
+from coralrt._selftest import models as M
+from coralrt._selftest import runner
+from coralrt._selftest.recorder import Transfer, compare_with_trace
 from coralrt.testing import SimulatedBackend
-from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
+from coralrt._selftest.open_trace import OPEN_TRACE, parse_trace
 
 TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
 def _published_folders() -> list[Path]:
@@ -134,7 +134,7 @@ def test_trace_data_is_the_reference_trace():
 
 def test_a_stick_whose_reset_values_differ_from_the_model_is_reported_not_failed(
         monkeypatch):
-    from coralrt.sim.stick import chip
+    from coralrt._sim.stick import chip
     power_on = chip.ChipRegisters.power_on
 
     def unlike_the_model(self):
@@ -279,7 +279,7 @@ def test_probe_survives_a_crashing_library(monkeypatch):
     # The driver's probe with a child that aborts, as a mismatched build does.
     from functools import partial
 
-    from coralrt.backends import libedgetpu as driver
+    from coralrt._backends import libedgetpu as driver
     driver.clear_probe_cache()
     crashing = [sys.executable, "-c", "import os; os.abort()"]
     monkeypatch.setattr(L, "driver_probe", partial(driver.probe, command=crashing))

@@ -276,7 +276,7 @@ def test_none_feed_is_an_input_error_naming_the_input(dtype, feed, match):
 @pytest.mark.parametrize("kernels", ["optimized", "reference"])
 def test_depthwise_conv_without_bias_runs_instead_of_crashing(dtype, kernels):
     # LiteRT's optimized kernels die with SIGSEGV on a two-input DEPTHWISE_CONV_2D;
-    # coralrt hands it an explicit zero bias (coralrt/model/fixups.py). Run in a
+    # coralrt hands it an explicit zero bias (coralrt/_model/fixups.py). Run in a
     # child process, so that a regression fails the test instead of the suite.
     import subprocess
     import sys
@@ -296,7 +296,7 @@ def test_depthwise_conv_without_bias_runs_instead_of_crashing(dtype, kernels):
              depth_multiplier=1)
         b.output(y)
         feed = (np.arange(108) % 50 + 100).astype(dt).reshape(1, 6, 6, 3)
-        from coralrt.model.fixups import with_explicit_biases
+        from coralrt._model.fixups import with_explicit_biases
         model = b.build()
         explicit = with_explicit_biases(model)
         assert explicit is not None and len(explicit.main.operators[0].inputs) == 3

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_model
-from coralrt import InferenceSession, config
+from coralrt import InferenceSession, _config as config
 from coralrt.errors import ConfigError, InputError
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")

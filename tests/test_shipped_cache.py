@@ -16,13 +16,13 @@ import pytest
 from conftest import shared_model
 from support.service import stand_in
 
-from coralrt import InferenceSession, config
-from coralrt.cli.main import main
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
-from coralrt.compile.jit import jit_compile, jit_lookup
+from coralrt import InferenceSession, _config as config
+from coralrt._cli.main import main
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt._compile.jit import jit_compile, jit_lookup
 from coralrt.errors import CompilerUnavailableError, CompileServiceError
-from coralrt.formats.opnames import EDGETPU_OP
+from coralrt._formats.opnames import EDGETPU_OP
 
 MODEL = "mobilenet_v1_0.25_128_quant"
 VERSION = "16.0.384591198"
@@ -31,7 +31,7 @@ VERSION = "16.0.384591198"
 @pytest.fixture
 def machines(tmp_path, monkeypatch):
     """Fresh plugin hosts, no compiler or service configured, the stand-in's models."""
-    from coralrt.plugins import host as plugins
+    from coralrt.plugins import _host as plugins
     for name in (config.EDGETPU_COMPILER, config.COMPILER_URL, config.COMPILER_TOKEN):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FAKE_EDGETPU_MODELS", str(shared_model("MANIFEST.md").parent))
@@ -54,7 +54,7 @@ def stick():
 
 
 def _session(cache_dir, monkeypatch, stick):
-    from coralrt.plugins import host as plugins
+    from coralrt.plugins import _host as plugins
     monkeypatch.setenv(config.CACHE_DIR, str(cache_dir))
     plugins.reset()
     return InferenceSession(shared_model(f"{MODEL}.tflite"), target="coral", device=stick)

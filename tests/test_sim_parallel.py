@@ -1,5 +1,5 @@
 """The simulator's thread pool, BLAS limit and reused temporaries
-(coralrt/ops/arith/parallel.py, coralrt/ops/arith/scratch.py): bands cover their range once,
+(coralrt/_ops/arith/parallel.py, coralrt/_ops/arith/scratch.py): bands cover their range once,
 failures propagate, results never alias a reused buffer, and the answers are
 the same on one thread or several."""
 
@@ -14,12 +14,12 @@ from conftest import shared_model
 
 from coralrt import InferenceSession
 from coralrt.errors import ConfigError
-from coralrt.formats.segment import build_segment
+from coralrt._formats.segment import build_segment
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.ops.arith import parallel
-from coralrt.ops.arith.scratch import TEMPORARIES, Arena
-from coralrt.sim.runner import SegmentRunner
+from coralrt._ops.arith import parallel
+from coralrt._ops.arith.scratch import TEMPORARIES, Arena
+from coralrt._sim.runner import SegmentRunner
 
 
 def test_threads_setting(monkeypatch):
@@ -109,7 +109,7 @@ def test_arena_buffers_are_per_thread_and_grow():
 
 def test_a_kernel_result_in_a_temporary_is_copied(monkeypatch):
     """The runner's guard: a result living in a reused buffer never reaches a reader."""
-    from coralrt.sim import kernels
+    from coralrt._sim import kernels
 
     def leaky(ctx):
         def run(inputs):

@@ -9,8 +9,8 @@ import pytest
 from conftest import model_params, random_inputs, run_litert, shared_model
 
 from coralrt import InferenceSession
-from coralrt.cli.main import main
-from coralrt.formats.segment import build_segment
+from coralrt._cli.main import main
+from coralrt._formats.segment import build_segment
 from coralrt.testing import ModelBuilder, simulated_stick, LatencyModel
 
 # Every plain quantized model in the shared folder; the float ones (add_float,
@@ -153,7 +153,7 @@ def test_sim_outputs_are_deterministic_across_sessions():
 def test_state_tensor_returned_as_an_output_matches_the_cpu_on_sim():
     # An LSTM's state (a variable tensor) added to the model's outputs: LiteRT returns
     # it; on sim the operator stays on the CPU and its piece returns the state too.
-    from coralrt.compile.cache import CompileCache
+    from coralrt._compile.cache import CompileCache
     from coralrt import load_model
 
     model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))

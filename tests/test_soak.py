@@ -81,10 +81,10 @@ def soak(inferences: int, seed: int, rate: float = 0.2) -> dict:
     from support.models import conv_chain
 
     from coralrt import InferenceSession
-    from coralrt.compile.cache import CompileCache
+    from coralrt._compile.cache import CompileCache
     from coralrt.errors import CoralRTError, DeviceLostError, DeviceWedgedError
     from coralrt.testing import SimulatedBackend
-    from coralrt.usb.driver import UsbEdgeTpu
+    from coralrt._usb.driver import UsbEdgeTpu
 
     rng = random.Random(seed)
     model = conv_chain(1, 16, 8, seed)

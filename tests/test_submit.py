@@ -19,13 +19,13 @@ from support.models import conv_chain
 
 import coralrt
 from coralrt import InferenceSession
-from coralrt.compile.cache import CompileCache
+from coralrt._compile.cache import CompileCache
 from coralrt.errors import (
     ConfigError, CoralRTError, InferenceError, InferenceTimeoutError, InputError,
     QueueFullError, SessionClosedError,
 )
 from coralrt.testing import ModelBuilder, LatencyModel, SimulatedBackend, simulated_stick
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt._usb.driver import UsbEdgeTpu
 
 TIMEOUT = 10.0
 NO_CACHE = CompileCache(enabled=False)

@@ -11,15 +11,15 @@ from conftest import shared_model
 from test_cli import cli
 
 import coralrt
-from coralrt import InferenceSession, SessionOptions, config, targets
+from coralrt import InferenceSession, SessionOptions, _config as config, _targets as targets
 from coralrt.testing import build_demo_model
 from coralrt.plugins import NativeCompiler
 from coralrt.errors import ConfigError
-from coralrt.plugins.host import PluginHost
-from coralrt.plugins.registry import CompilerRegistry, DeviceRegistry
-from coralrt.sim.stick.backend import SimulatedBackend
-from coralrt.sim.stick.device import SimulatedStick, simulated_stick
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt.plugins._host import PluginHost
+from coralrt.plugins._registry import CompilerRegistry, DeviceRegistry
+from coralrt._sim.stick.backend import SimulatedBackend
+from coralrt._sim.stick.device import SimulatedStick, simulated_stick
+from coralrt._usb.driver import UsbEdgeTpu
 
 # -- the registry ---------------------------------------------------------------------------
 
@@ -65,16 +65,16 @@ class SparePlugin:
 
 def test_a_registered_target_is_in_every_list(spare_target, capsys, monkeypatch):
     assert coralrt.TARGETS == ("cpu", "sim", "coral", "spare", "auto")
-    assert "spare" in coralrt.session.TARGETS
+    assert "spare" in coralrt._session.TARGETS
     code, out, _ = cli(capsys, "run", "--help")
     assert code == 0 and "{cpu,sim,coral,spare,auto}" in out
     code, out, _ = cli(capsys, "bench", "--help")
     assert code == 0 and "{cpu,sim,spare}" in out
     monkeypatch.setenv(config.TARGET, "spare")
     assert config.compat_target() == "spare"
-    from coralrt.compat.runner import _parser
+    from coralrt.compat._runner import _parser
     assert "{cpu,sim,coral,spare,auto}" in _parser().format_usage()
-    from coralrt.gp.context import _targets
+    from coralrt.gp._context import _targets
     assert _targets() == ["sim", "coral", "spare", "cpu"]
     with pytest.raises(ConfigError, match="choose sim, coral, spare or cpu"):
         coralrt.gp.Context("nowhere")
@@ -136,8 +136,8 @@ def test_usb_is_an_alias_of_coral():
 
 
 def test_a_plugin_coral_device_is_the_default_stick_of_coral():
-    from coralrt.backends import get_backend
-    from coralrt.targets.prepare import _first_stick
+    from coralrt._backends import get_backend
+    from coralrt._targets.prepare import _first_stick
     made = []
 
     class Plugin:
@@ -164,7 +164,7 @@ def test_session_options_are_frozen_typed_and_declared_once():
     hints = {f.name: f.type for f in dataclasses.fields(SessionOptions)}
     assert hints["rewrites"] == "str | Sequence[str] | None"
     assert "object" not in hints.values()
-    assert coralrt.SessionOptions is coralrt.session.SessionOptions
+    assert coralrt.SessionOptions is coralrt._session.SessionOptions
     assert set(hints) == {"num_threads", "backend", "cpu_kernels", "partition_mode",
                           "rewrites", "cache", "device", "plugins", "override_builtins",
                           "pipeline_depth", "compiler_url", "strategy", "max_pending",

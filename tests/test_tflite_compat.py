@@ -302,11 +302,11 @@ def test_set_tensor_on_an_output_checks_dtype_and_shape():
 
 def test_auto_with_a_device_option_and_no_stick_runs_on_the_cpu(monkeypatch):
     # Frigate's default configuration: {"device": "usb"} under CORALRT_TARGET=auto.
-    import coralrt.usb
+    import coralrt._usb
     from coralrt.errors import ModelError
     from coralrt.tflite import Interpreter, load_delegate
     monkeypatch.setenv("CORALRT_TARGET", "auto")
-    monkeypatch.setattr(coralrt.usb, "list_devices", lambda *a, **k: [])
+    monkeypatch.setattr(coralrt._usb, "list_devices", lambda *a, **k: [])
     delegate = load_delegate("libedgetpu.so.1", {"device": "usb"})
     interp = Interpreter(model_path=str(shared_model("mobilenet_v1_0.25_128_quant.tflite")),
                          experimental_delegates=[delegate])

@@ -29,8 +29,8 @@ import pytest
 from conftest import MODELS_DIR, MISSING_REASON, REPO_ROOT
 
 from coralrt import InferenceSession
-from coralrt.backends import get_backend
-from coralrt.backends.litert import NO_TFLITE_RUNTIME_WHEELS
+from coralrt._backends import get_backend
+from coralrt._backends.litert import NO_TFLITE_RUNTIME_WHEELS
 from coralrt.errors import BackendUnavailableError
 from tests.support.tflite_runtime_worker import feeds
 
@@ -132,7 +132,7 @@ import json, sys
 import numpy as np
 import tflite_runtime.interpreter as user_view          # coralrt.compat's mapping
 from coralrt import InferenceSession
-from coralrt.backends import get_backend
+from coralrt._backends import get_backend
 backend = get_backend("tflite_runtime")
 session = InferenceSession(sys.argv[1], target="cpu", backend="tflite_runtime")
 out = session.run([np.ones(t.shape, t.dtype) for t in session.get_inputs()])

@@ -1,6 +1,6 @@
 """Each crash rule of validation is exactly as wide as the crash it prevents.
 
-For every rule in coralrt/model/quant_checks.py, xnnpack_checks.py,
+For every rule in coralrt/_model/quant_checks.py, xnnpack_checks.py,
 op_checks.py and validate.py that exists because LiteRT dies on some
 models, the tests build single-operator models on both sides of the rule's
 boundary:
@@ -34,7 +34,7 @@ from conftest import litert_module
 from coralrt.errors import ModelError
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.types import Model
+from coralrt._model.types import Model
 
 F32 = np.float32
 FLT_MIN = float(np.finfo(F32).tiny)
@@ -550,7 +550,7 @@ def test_signature_subgraph_boundary():
     # (measured with get_signature_runner on multi_signatures.tflite).
     from conftest import shared_model
 
-    from coralrt.model import flatbuf
+    from coralrt._model import flatbuf
 
     tree = flatbuf.decode(shared_model("multi_signatures.tflite").read_bytes())
     tree["signature_defs"][1]["subgraph_index"] = 1

@@ -10,8 +10,8 @@ from coralrt import InferenceSession, load_model
 from coralrt.testing import ModelBuilder
 from coralrt import vision
 from coralrt.vision import BBox, Class, Detection, Keypoint, Placement, Segmentation
-from coralrt.vision.detect import detections_from_outputs
-from coralrt.vision.imaging import resize
+from coralrt.vision._detect import detections_from_outputs
+from coralrt.vision._imaging import resize
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow decodes the test images (dev extra)")
 
@@ -51,7 +51,7 @@ def test_quantized_input_gets_the_pixel_bytes(mobilenet):
 
 
 def test_float_input_defaults_and_options():
-    from coralrt.tensors import TensorInfo
+    from coralrt._tensors import TensorInfo
     info = TensorInfo("x", (1, 2, 2, 3), np.dtype(np.float32))
     pixels = np.full((2, 2, 3), 255, np.uint8)
     assert vision.prepare(info, pixels)[0].max() == 255.0

@@ -95,12 +95,12 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     wheel = wheels[0]
     names = zipfile.ZipFile(wheel).namelist()
     assert "coralrt/py.typed" in names
-    assert "coralrt/cli/main.py" in names and "coralrt/sim/stick/__init__.py" in names
+    assert "coralrt/_cli/main.py" in names and "coralrt/_sim/stick/__init__.py" in names
     assert not any(n.startswith("tests/") for n in names), "the wheel must not ship the tests"
     # The CORALRT_COMPAT=1 start-up hook sits at the top of site-packages.
     assert "coralrt-compat.pth" in names and "_coralrt_compat.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "coralrt = coralrt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "coralrt = coralrt._cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     _check_platform_markers(wheel, names)
 
     t = time.perf_counter()

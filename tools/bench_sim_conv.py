@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from coralrt.formats.segment import build_segment
-from coralrt.model import load_model
-from coralrt.sim.runner import SegmentRunner
+from coralrt._formats.segment import build_segment
+from coralrt._model import load_model
+from coralrt._sim.runner import SegmentRunner
 
 DEFAULT_MODEL = (Path(__file__).resolve().parents[2] / "shared" / "models"
                  / "mobilenet_v2_1.0_224_quant.tflite")

@@ -59,8 +59,7 @@ elif what == "session_hit":
         t = time.perf_counter(); coralrt.InferenceSession(model, target="sim")
         times.append(time.perf_counter() - t)
 elif what == "driver_host":
-    from coralrt.model import load_model
-    from coralrt.usb import open_device
+    from coralrt import load_model, open_device
     from support.sim import dwn1_backend
     m = load_model(os.path.join(shared, "models", "edgetpu",
                                 "mobilenet_v2_1.0_224_quant_edgetpu.tflite"))

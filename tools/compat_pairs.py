@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coralrt.compile.pairs import compare_pair, find_pairs  # noqa: E402
+from coralrt._compile.pairs import compare_pair, find_pairs  # noqa: E402
 
 
 def _short(path: str, roots: list[Path]) -> str:

@@ -1,7 +1,7 @@
-"""Regenerate ``coralrt/model/_schema.py`` from the TFLite schema.
+"""Regenerate ``coralrt/_model/_schema.py`` from the TFLite schema.
 
 coralrt reads and writes TFLite flatbuffers with its own generic codec
-(``coralrt/model/flatbuf.py``) driven by a table of the schema's enums,
+(``coralrt/_model/flatbuf.py``) driven by a table of the schema's enums,
 unions and table layouts.  This script derives that table from the Python
 bindings that ``flatc`` generated for ``tensorflow/lite/schema/schema.fbs``
 and that the ``ai-edge-litert`` wheel ships, so the table follows the schema
@@ -10,7 +10,7 @@ numbers, types, defaults) are kept.
 
 Usage (development only; coralrt never imports ai_edge_litert's bindings):
 
-    python tools/gen_schema.py > coralrt/model/_schema.py
+    python tools/gen_schema.py > coralrt/_model/_schema.py
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 # The start-up hook may have loaded the finder module on its own, before this package:
 # bind it here, as importing it from here would have.
-from coralrt.compat import finder  # noqa: F401
-from coralrt.compat.finder import (
+from coralrt.compat import _finder  # noqa: F401
+from coralrt.compat._finder import (
     ALIASES, ENV, CompatFinder, env_enabled, install, installed, target_of, uninstall,
 )
 

@@ -1,7 +1,7 @@
-"""``python -m coralrt.compat SCRIPT [ARGS...]``: see :mod:`coralrt.compat.runner`."""
+"""``python -m coralrt.compat SCRIPT [ARGS...]``: see :mod:`coralrt.compat._runner`."""
 
 import sys
 
-from coralrt.compat.runner import main
+from coralrt.compat._runner import main
 
 sys.exit(main())

@@ -10,16 +10,16 @@ by default), and the results put together on the CPU::
         f = ctx.submit("tanh", x)
         ctx.sync()
 
-Modules: :mod:`~coralrt.gp.context` (Context, sessions, tasks),
-:mod:`~coralrt.gp.tensorize` (tiling and assembly),
-:mod:`~coralrt.gp.scaling` (quantization and the error model),
-:mod:`~coralrt.gp.tile_models` (the generated models),
-:mod:`~coralrt.gp.scheduler` (tile jobs over several sticks),
-:mod:`~coralrt.gp.checks` (operand checks).
+Modules: :mod:`~coralrt.gp._context` (Context, sessions, tasks),
+:mod:`~coralrt.gp._tensorize` (tiling and assembly),
+:mod:`~coralrt.gp._scaling` (quantization and the error model),
+:mod:`~coralrt.gp._tile_models` (the generated models),
+:mod:`~coralrt.gp._scheduler` (tile jobs over several sticks),
+:mod:`~coralrt.gp._checks` (operand checks).
 """
 
-from coralrt.gp.context import OPERATIONS, Context
-from coralrt.gp.tile_models import estimate_gemm_forms
-from coralrt.gp.scheduler import Scheduler
+from coralrt.gp._context import OPERATIONS, Context
+from coralrt.gp._tile_models import estimate_gemm_forms
+from coralrt.gp._scheduler import Scheduler
 
 __all__ = ["Context", "OPERATIONS", "Scheduler", "estimate_gemm_forms"]

@@ -16,7 +16,7 @@ spec, the compiler contract, the rewrite and device classes (``__all__``).
 
 from __future__ import annotations
 
-from coralrt.plugins.hookspecs import hookimpl
+from coralrt.plugins._hookspecs import hookimpl
 
 # The plugin author's API (docs/api.md, docs/plugins.md).  Everything but the
 # marker is imported on first use: ``import coralrt`` imports this package and
@@ -32,21 +32,21 @@ def _lazy(name: str):
     # Real import statements (not module-name strings), so that the layer check
     # sees each of them.
     if name in ("OpSpec", "OpSupport", "KernelRef"):
-        from coralrt.ops import spec as module
+        from coralrt._ops import spec as module
     elif name in ("OpInfo", "StepInfo"):
-        from coralrt.runtime import info as module
+        from coralrt._runtime import info as module
     elif name == "OpContext":
-        from coralrt.sim import kernels as module
+        from coralrt._sim import kernels as module
     elif name in ("Compiler", "SegmentNotMapped"):
-        from coralrt.compile import base as module
+        from coralrt._compile import base as module
     elif name == "NativeCompiler":
-        from coralrt.compile import native as module
+        from coralrt._compile import native as module
     elif name in ("Rewrite", "RewriteRecord", "RewriteResult", "GraphEditor"):
-        from coralrt.compile import rewrite as module
+        from coralrt._compile import rewrite as module
     elif name == "EdgeTpuDevice":
-        from coralrt.runtime import device as module
+        from coralrt._runtime import device as module
     elif name == "UsbEdgeTpu":
-        from coralrt.usb import driver as module
+        from coralrt._usb import driver as module
     else:
         raise AttributeError(f"module 'coralrt.plugins' has no attribute {name!r}")
     return getattr(module, name)

@@ -7,7 +7,7 @@ that mapping).  See :mod:`coralrt.tflite.interpreter`.
 
 from __future__ import annotations
 
-from coralrt.tflite.delegate import EdgeTpuDelegate, load_delegate
+from coralrt.tflite._delegate import EdgeTpuDelegate, load_delegate
 from coralrt.tflite.interpreter import Interpreter, OpResolverType, SignatureRunner
 
 __all__ = ["Interpreter", "SignatureRunner", "OpResolverType", "load_delegate",
@@ -16,6 +16,6 @@ __all__ = ["Interpreter", "SignatureRunner", "OpResolverType", "load_delegate",
 
 def __getattr__(name: str):
     if name == "__version__":   # coralrt's version (tflite_runtime has its own there)
-        from coralrt.version import version
+        from coralrt._version import version
         return version()
     raise AttributeError(f"module 'coralrt.tflite' has no attribute {name!r}")

@@ -22,12 +22,12 @@ import operator
 
 import numpy as np
 
-from coralrt import config
-from coralrt.model.types import TYPE_NAMES, Tensor
-from coralrt.session import InferenceSession
-from coralrt.tensors import check_input
-from coralrt.tensors import tensor_infos
-from coralrt.tflite.delegate import EdgeTpuDelegate, load_delegate
+from coralrt import _config as config
+from coralrt._model.types import TYPE_NAMES, Tensor
+from coralrt._session import InferenceSession
+from coralrt._tensors import check_input
+from coralrt._tensors import tensor_infos
+from coralrt.tflite._delegate import EdgeTpuDelegate, load_delegate
 
 __all__ = ["Interpreter", "SignatureRunner", "OpResolverType", "load_delegate",
            "EdgeTpuDelegate", "tensor_details"]
@@ -82,7 +82,7 @@ def tensor_details(t: Tensor, index: int, shape=None) -> dict:
 
 
 def _stick_present() -> bool:
-    from coralrt.usb import list_devices
+    from coralrt._usb import list_devices
     try:
         return bool(list_devices())
     except Exception:  # no libusb, no permission: as target "auto" treats it, no stick

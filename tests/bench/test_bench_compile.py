@@ -10,8 +10,8 @@ import pytest
 from conftest import shared_model
 
 from coralrt import InferenceSession
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.jit import jit_compile
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.jit import jit_compile
 
 pytestmark = pytest.mark.bench
 

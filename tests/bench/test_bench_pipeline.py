@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coralrt.backends import get_backend
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.jit import jit_compile
-from coralrt.runtime.executor import build_program
-from coralrt.runtime.pipeline import build_pipelined_program
+from coralrt._backends import get_backend
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.jit import jit_compile
+from coralrt._runtime.executor import build_program
+from coralrt._runtime.pipeline import build_pipelined_program
 from coralrt.testing import LatencyModel
 from coralrt import open_device
 from coralrt.testing import SimulatedBackend

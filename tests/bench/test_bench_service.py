@@ -36,9 +36,9 @@ pytest.importorskip("aiohttp", reason="the compile service needs aiohttp (coralr
 
 from support.service import compile_calls, stand_in  # noqa: E402
 
-from coralrt.compile.remote import RemoteCompiler  # noqa: E402
+from coralrt._compile.remote import RemoteCompiler  # noqa: E402
 from coralrt.errors import CompileServiceError  # noqa: E402
-from coralrt.model import load_model  # noqa: E402
+from coralrt._model import load_model  # noqa: E402
 
 pytestmark = pytest.mark.bench
 

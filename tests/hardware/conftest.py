@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 def selftest_report():
     """The self-test, run once on the first stick found."""
     from coralrt.errors import DeviceNotFoundError
-    from coralrt.selftest import run_selftest
+    from coralrt._selftest import run_selftest
 
     models = os.environ.get("CORALRT_HARDWARE_MODELS")
     try:

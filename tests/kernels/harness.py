@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.formats.segment import build_segment
+from coralrt._formats.segment import build_segment
 from coralrt import Model, load_model
-from coralrt.sim.runner import SegmentRunner
+from coralrt._sim.runner import SegmentRunner
 
 
 def run_reference(model_bytes: bytes, inputs: list) -> list:

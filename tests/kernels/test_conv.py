@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.testing import ModelBuilder
-from coralrt.ops.arith.common import compute_out_size
-from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
-from coralrt.ops.arith.requant import Requantizer
-from coralrt.sim.kernels.gemm import ExactGemm
+from coralrt._ops.arith.common import compute_out_size
+from coralrt._ops.arith.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier
+from coralrt._ops.arith.requant import Requantizer
+from coralrt._sim.kernels.gemm import ExactGemm
 
 from .harness import check
 

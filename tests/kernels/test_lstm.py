@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.formats.segment import build_segment
+from coralrt._formats.segment import build_segment
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.extract import extract
-from coralrt.sim.runner import SegmentRunner
-from coralrt.sim.kernels import lstm as lstm_kernels
+from coralrt._model.extract import extract
+from coralrt._sim.runner import SegmentRunner
+from coralrt._sim.kernels import lstm as lstm_kernels
 
 from .harness import check
 

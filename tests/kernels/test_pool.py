@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coralrt.testing import ModelBuilder
-from coralrt.ops.arith.common import compute_out_size
+from coralrt._ops.arith.common import compute_out_size
 
 from .harness import check, random_data
 

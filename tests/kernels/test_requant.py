@@ -1,6 +1,6 @@
 """The requantizer's fast paths against TFLite's two-step fixed-point arithmetic.
 
-coralrt/ops/arith/requant.py proves its float64 path exact by bounds and
+coralrt/_ops/arith/requant.py proves its float64 path exact by bounds and
 monotonicity, and its float32 path by monotonicity plus a check of both ends of
 every run of equal outputs; these tests check both proofs against
 ``multiply_by_quantized_multiplier`` (the int64 transcription of TFLite's
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coralrt.ops.arith import requant_plan as plan_module
-from coralrt.ops.arith.fixedpoint import multiply_by_quantized_multiplier
-from coralrt.ops.arith.requant import Requantizer
+from coralrt._ops.arith import requant_plan as plan_module
+from coralrt._ops.arith.fixedpoint import multiply_by_quantized_multiplier
+from coralrt._ops.arith.requant import Requantizer
 
 ACTS = [(0, 255), (-128, 127), (-128, -100), (3, 90), (-20, 40), (0, 127)]
 
@@ -218,7 +218,7 @@ def test_output_and_accumulator_arguments():
 def test_the_bias_folded_into_the_gemm(act):
     """A convolution may add :meth:`pre_add` inside its GEMM (a row of weights against
     a column of ones); the requantizer then skips that step, with equal results."""
-    from coralrt.sim.kernels.gemm import ExactGemm
+    from coralrt._sim.kernels.gemm import ExactGemm
     rng = np.random.default_rng(3)
     weights = rng.integers(-120, 120, size=(40, 6))
     bias = rng.integers(-5000, 5000, size=6)

@@ -1,5 +1,5 @@
 """Small full-integer (int8) BERT-style encoders as ``.tflite`` bytes, built with
-coralrt's :class:`~coralrt.model.builder.ModelBuilder`, in the operator forms
+coralrt's :class:`~coralrt._model.builder.ModelBuilder`, in the operator forms
 TensorFlow's TFLite converter emits for a quantized BERT.  Graph rewrites (and
 the runtime) can be tested on them without TensorFlow or downloaded models.
 

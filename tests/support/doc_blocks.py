@@ -104,7 +104,7 @@ def run_command(command: str, work: Path, capsys, monkeypatch) -> tuple[int, str
         for name, value in env.items():
             m.setenv(name, value)
         if argv[0] == "coralrt":
-            from coralrt.cli.main import main
+            from coralrt._cli.main import main
             capsys.readouterr()
             status = main(argv[1:])
             out, err = capsys.readouterr()

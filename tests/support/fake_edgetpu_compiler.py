@@ -2,7 +2,7 @@
 """STAND-IN for Google's ``edgetpu_compiler``, for tests only.  It compiles nothing.
 
 The real compiler is closed source, x86-64 only and not installed here, so the
-tests of :mod:`coralrt.compile.edgetpu_compiler` run this script in its place.
+tests of :mod:`coralrt._compile.edgetpu_compiler` run this script in its place.
 It accepts edgetpu_compiler's command line (``-s``, ``-o DIR``, ``-t N``,
 ``-m N``, ``-v``/``--version``, ``-i``, ``-n``, ``-d``, ``-k``; unused options
 are ignored) and answers from the models the real compiler produced, which
@@ -93,7 +93,7 @@ def _candidates(folder: Path):
 
 def _match(x, compiled, plain):
     """(custom op, {X operator indices it covers}) or None."""
-    from coralrt.compile.pairs import PairError, compiler_mapping, ops_between
+    from coralrt._compile.pairs import PairError, compiler_mapping, ops_between
     csg = compiled.main
     customs = [op for op in csg.operators if op.name == OP]
     if len(customs) != 1:
@@ -126,8 +126,8 @@ def _match(x, compiled, plain):
 
 def _replace(model, e, covered, csg):
     """``model`` with the ``covered`` operators replaced by the custom op ``e``."""
-    from coralrt.model import Model, Operator, OperatorCode, Subgraph
-    from coralrt.model.types import CUSTOM
+    from coralrt._model import Model, Operator, OperatorCode, Subgraph
+    from coralrt._model.types import CUSTOM
     x = model.main
     index = {}
     for i, t in enumerate(x.tensors):

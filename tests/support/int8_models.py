@@ -26,7 +26,7 @@ import numpy as np
 
 from coralrt import Model, load_model
 from coralrt.testing import ModelBuilder
-from coralrt.model.types import TENSOR_TYPES, Tensor
+from coralrt._model.types import TENSOR_TYPES, Tensor
 
 __all__ = ["Int8ConversionError", "int8_per_channel_from_uint8", "WEIGHT_OPERATORS"]
 

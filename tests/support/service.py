@@ -4,8 +4,8 @@
 ``tests/support/fake_edgetpu_compiler.py`` (it answers from the real compiled
 models in ``shared/models``) after appending its arguments to ``calls.log``
 beside it, optionally sleeping first (a slow compile, so that concurrent
-requests overlap).  :func:`service` runs :class:`coralrt.server.service.CompileService`
-with it through :func:`coralrt.server.app.running`.
+requests overlap).  :func:`service` runs :class:`coralrt._server.service.CompileService`
+with it through :func:`coralrt._server.app.running`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from coralrt.compile.cache import CompileCache
-from coralrt.compile.edgetpu_compiler import EdgeTpuCompiler
+from coralrt._compile.cache import CompileCache
+from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 
 __all__ = ["FAKE", "stand_in", "compile_calls", "service"]
 
@@ -44,8 +44,8 @@ def compile_calls(compiler: Path) -> list[str]:
 def service(tmp: Path, *, delay: float = 0.0, token: str | None = None, ssl_context=None,
             compile_timeout: float = 60.0, **limits):
     """``(url, service, compiler path)`` of a running service for the ``with`` block."""
-    from coralrt.server.app import running
-    from coralrt.server.service import CompileService, Limits
+    from coralrt._server.app import running
+    from coralrt._server.service import CompileService, Limits
 
     compiler = stand_in(tmp / "bin", delay=delay)
     svc = CompileService(EdgeTpuCompiler(compiler, timeout=compile_timeout),

@@ -8,7 +8,7 @@ hints, parameter caching, transcript checks against the hints) opt in with
 test mode and tell it the DWN1 packages it may see (by default those of every
 compiled model in ``shared/models/edgetpu``).  The sticks then answer those
 programs request by request, with placeholder output bytes computed from the
-inputs (coralrt/sim/stick/dwn1_requests.py), which are NOT the program's
+inputs (coralrt/_sim/stick/dwn1_requests.py), which are NOT the program's
 outputs.  Never use it to "run" a compiled model.
 """
 

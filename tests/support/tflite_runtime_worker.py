@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from coralrt import InferenceSession
-from coralrt.backends import get_backend
+from coralrt._backends import get_backend
 from coralrt.errors import BackendUnavailableError
 
 

@@ -19,7 +19,7 @@ import usb.core
 
 from coralrt.errors import DeviceError, DeviceLostError, FirmwareError
 from coralrt.testing import SimulatedBackend
-from coralrt.usb import constants as C
+from coralrt._usb import constants as C
 from coralrt import open_device
 
 IMAGE = bytes(range(256)) * 3 + b"\x5a" * 100     # four DNLOAD blocks, the last one short

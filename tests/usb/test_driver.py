@@ -23,20 +23,20 @@ import coralrt
 from conftest import REPO_ROOT, shared_model
 from support.sim import accept_dwn1, dwn1_backend, isolated_dirs  # noqa: F401 (fixtures)
 
-from coralrt.cli.main import main as cli_main
+from coralrt._cli.main import main as cli_main
 from coralrt.errors import (
     DeviceBusyError, DeviceError, DeviceLostError, DeviceNotFoundError, DevicePermissionError,
     DeviceTimeoutError, FirmwareError, ProgramRefusedError,
 )
 from coralrt.testing import LatencyModel, SimulatedBackend
-from coralrt.usb import bringup, firmware, list_devices, open_device
-from coralrt.usb import constants as C
-from coralrt.usb.driver import UsbEdgeTpu
-from coralrt.usb.extension import BackendExtension
-from coralrt.usb.framing import Framer
-from coralrt.usb.lock import DeviceLock, lock_dir
-from coralrt.usb.transforms import InputStager, OutputDecoder, relayout_index, xor_sign
-from coralrt.usb.transport import Transport, translate_error
+from coralrt._usb import bringup, firmware, list_devices, open_device
+from coralrt._usb import constants as C
+from coralrt._usb.driver import UsbEdgeTpu
+from coralrt._usb.extension import BackendExtension
+from coralrt._usb.framing import Framer
+from coralrt._usb.lock import DeviceLock, lock_dir
+from coralrt._usb.transforms import InputStager, OutputDecoder, relayout_index, xor_sign
+from coralrt._usb.transport import Transport, translate_error
 
 TRACE = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
 IMAGE = bytes(range(256)) * 42 + b"\x02\x00\x10"      # 10,755 bytes: a stand-in image
@@ -135,7 +135,7 @@ def test_installed_firmware_is_verified_and_used(tmp_path, monkeypatch):
 # -- bring-up against the recorded trace ----------------------------------------------------
 
 def _transfers(transcript) -> list:
-    from coralrt.selftest.recorder import Transfer
+    from coralrt._selftest.recorder import Transfer
     return [Transfer(0.0, 0x40 if e["op"] == "write" else 0xC0, 1 if e["length"] == 4 else 0,
                      e["register"] & 0xFFFF, e["register"] >> 16,
                      e["value"].to_bytes(e["length"], "little"))
@@ -143,8 +143,8 @@ def _transfers(transcript) -> list:
 
 
 def test_bringup_writes_match_the_trace_on_the_simulated_stick():
-    from coralrt.selftest.open_trace import OPEN_TRACE
-    from coralrt.selftest.recorder import compare_with_trace
+    from coralrt._selftest.open_trace import OPEN_TRACE
+    from coralrt._selftest.recorder import compare_with_trace
     b = SimulatedBackend(firmware_loaded=True, transcript_limit=None)
     with open_device(backend=b):
         opened = _transfers(b.transcript)
@@ -501,8 +501,8 @@ for _name in [n for n in vars(usb.backend.IBackend) if not n.startswith("_")]:
 
 
 def small_segment_bytes() -> bytes:
-    from coralrt.formats.segment import build_segment
-    from coralrt.formats.segment_codec import encode
+    from coralrt._formats.segment import build_segment
+    from coralrt._formats.segment_codec import encode
     from coralrt.testing import ModelBuilder
     b = ModelBuilder(name="relu")
     x = b.input("x", (1, 4, 4, 2), np.int8, scale=0.1, zero_point=0)
@@ -538,7 +538,7 @@ def test_backend_without_extension_is_a_real_stick_that_refuses_native_segments(
 
 def test_a_stick_the_session_opened_is_closed_when_it_refuses_the_program():
     from coralrt import InferenceSession
-    from coralrt.usb.driver import UsbEdgeTpu
+    from coralrt._usb.driver import UsbEdgeTpu
 
     made = []
 
@@ -629,15 +629,15 @@ def _segment_stick(**kw):
 
 
 def _conv_relu_segment(channels: int = 4) -> bytes:
-    from coralrt.formats.segment import build_segment
-    from coralrt.formats.segment_codec import encode
+    from coralrt._formats.segment import build_segment
+    from coralrt._formats.segment_codec import encode
     from support.models import conv_relu
     return encode(build_segment(conv_relu(channels)))
 
 
 def _expected(program: bytes, xs):
-    from coralrt.formats.segment_codec import decode
-    from coralrt.sim.runner import SegmentRunner
+    from coralrt._formats.segment_codec import decode
+    from coralrt._sim.runner import SegmentRunner
     return SegmentRunner(decode(program)).run(xs)
 
 
@@ -755,8 +755,8 @@ def test_a_segment_the_stick_cannot_load_is_a_model_error_and_the_stick_stays_us
     for _ in range(2):                             # no DeviceError, no "failed earlier"
         with pytest.raises(ModelError, match="cannot load.*this RELU is not for this stick"):
             dev.run(bad, _feed(0))
-    from coralrt.formats.segment import build_segment
-    from coralrt.formats.segment_codec import encode
+    from coralrt._formats.segment import build_segment
+    from coralrt._formats.segment_codec import encode
     from coralrt.testing import ModelBuilder
     mb = ModelBuilder()
     x = mb.input("x", (1, 6, 6, 3), np.int8, scale=0.05, zero_point=3)
@@ -772,7 +772,7 @@ def test_a_segment_the_stick_cannot_load_is_a_model_error_and_the_stick_stays_us
 
 def test_a_kernel_that_fails_on_the_stick_is_an_inference_error_and_the_stick_stays_usable():
     from coralrt.errors import InferenceError
-    from coralrt.sim.kernels import kernel_for
+    from coralrt._sim.kernels import kernel_for
 
     def flaky(ctx):
         relu = kernel_for("RELU")(ctx)

@@ -19,13 +19,13 @@ from flatbuffers import flexbuffers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coralrt.cli.main import main
+from coralrt._cli.main import main
 from coralrt.errors import ExecutableError, ModelError
 from coralrt import load_model
-from coralrt.model.flatbuf import decode_root
-from coralrt.formats.dwn1 import check_runnable, describe, parse_package, select_executables
-from coralrt.formats.dwn1_schema import LAYOUT, UNIONS, binary_strings
-from coralrt.formats.flexreader import FlexReader
+from coralrt._model.flatbuf import decode_root
+from coralrt._formats.dwn1 import check_runnable, describe, parse_package, select_executables
+from coralrt._formats.dwn1_schema import LAYOUT, UNIONS, binary_strings
+from coralrt._formats.flexreader import FlexReader
 
 V1 = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 V2 = "edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite"

@@ -6,7 +6,7 @@ instructions (the bits a host links at ``FieldOffset`` positions ignored),
 follow the executable's DMA hints, make each output readable only once the
 inputs before it arrived, queue one event per request, and raise the fatal
 error for any stream the program does not expect.  Output bytes are
-placeholders computed from the inputs (coralrt/sim/stick/dwn1_requests.py);
+placeholders computed from the inputs (coralrt/_sim/stick/dwn1_requests.py);
 here they are recomputed from the documented formula, independently.
 
 The raw tests talk to the stick with plain pyusb calls, as libedgetpu does:
@@ -27,12 +27,12 @@ from conftest import random_inputs, shared_model, shared_model_names
 from support.sim import accept_dwn1, dwn1_backend, isolated_dirs, packages_of  # noqa: F401
 
 from coralrt.errors import DeviceLostError, ExecutableError
-from coralrt.formats.dwn1 import parse_package, select_executables
+from coralrt._formats.dwn1 import parse_package, select_executables
 from coralrt.testing import SimulatedBackend
-from coralrt.sim.stick.dwn1_requests import instruction_mask
-from coralrt.usb import bringup, open_device
-from coralrt.usb import constants as C
-from coralrt.usb.transport import Transport
+from coralrt._sim.stick.dwn1_requests import instruction_mask
+from coralrt._usb import bringup, open_device
+from coralrt._usb import constants as C
+from coralrt._usb.transport import Transport
 
 V1 = "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"
 V2 = "edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite"

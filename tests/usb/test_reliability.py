@@ -74,7 +74,7 @@ def test_fault_gives_typed_error_in_time_and_reopen_recovers(program, kind, erro
 
 @pytest.mark.parametrize("usb_speed", ["usb3", "usb2"])
 def test_a_fatal_interrupt_during_open_is_raised_by_open(program, usb_speed):
-    from coralrt.usb.lock import lock_dir
+    from coralrt._usb.lock import lock_dir
 
     clean = dwn1_backend(max_wait=TIMEOUT, usb_speed=usb_speed)
     with open_device(backend=clean, timeout=TIMEOUT):

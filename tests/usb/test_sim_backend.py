@@ -16,15 +16,15 @@ import usb.util
 from conftest import REPO_ROOT, shared_model
 from support.sim import accept_dwn1
 
-from coralrt.formats.segment import build_segment
-from coralrt.formats.segment_codec import HEADER_SIZE, encode
-from coralrt.sim.runner import SegmentRunner
+from coralrt._formats.segment import build_segment
+from coralrt._formats.segment_codec import HEADER_SIZE, encode
+from coralrt._sim.runner import SegmentRunner
 from coralrt.testing import LatencyModel, Fault, FaultPlan, SimulatedBackend
-from coralrt.selftest.open_trace import OPEN_TRACE, parse_trace
-from coralrt.sim.stick.chip import RESET_VALUES
-from coralrt.usb import bringup
-from coralrt.usb import constants as C
-from coralrt.usb.transport import Transport
+from coralrt._selftest.open_trace import OPEN_TRACE, parse_trace
+from coralrt._sim.stick.chip import RESET_VALUES
+from coralrt._usb import bringup
+from coralrt._usb import constants as C
+from coralrt._usb.transport import Transport
 
 BOOT, APP = (0x1A6E, 0x089A), (0x18D1, 0x9302)
 TRACE_TSV = REPO_ROOT.parent / "shared" / "reference" / "libedgetpu-open-trace.tsv"
@@ -381,7 +381,7 @@ def test_dwn1_streams_are_refused_with_an_error_event():
 def test_dwn1_streams_with_the_test_switch_are_answered_request_by_request():
     # Test mode (details in test_dwn1_requests.py): the stick knows the programs of the
     # shared compiled models and answers each request, once, with placeholder bytes.
-    from coralrt.formats.dwn1 import parse_package, select_executables
+    from coralrt._formats.dwn1 import parse_package, select_executables
     from support.sim import packages_of
     (program,) = packages_of(shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"))
     pc, eo = select_executables(parse_package(program))

@@ -37,7 +37,7 @@ from coralrt.errors import (
 )
 from coralrt.testing import FaultPlan, SimulatedBackend
 from coralrt import open_device
-from coralrt.usb.driver import UsbEdgeTpu
+from coralrt._usb.driver import UsbEdgeTpu
 
 TIMEOUT = 0.5         # the driver's transfer timeout
 MAX_WAIT = 0.1        # what a simulated timeout really waits
@@ -89,7 +89,7 @@ def test_not_ready_is_also_waited_for_after_a_port_reset(program):
 
 @pytest.mark.parametrize("error", ["io", "timeout"])
 def test_a_stick_not_ready_past_the_bound_gives_a_typed_error_that_says_replug(program, error):
-    from coralrt.usb.lock import lock_dir
+    from coralrt._usb.lock import lock_dir
 
     b = dwn1_backend(firmware_loaded=False, max_wait=MAX_WAIT)
     b.inject("not_ready", seconds=1.2, error=error)
@@ -201,7 +201,7 @@ def test_a_plain_timeout_is_not_taken_for_a_wedge(program):
 
 def test_a_session_on_a_wedged_stick_gives_right_outputs_again_after_replug_and_reset():
     from coralrt import InferenceSession
-    from coralrt.compile.cache import CompileCache
+    from coralrt._compile.cache import CompileCache
     from support.models import conv_chain
 
     model = conv_chain(1, 16, 8, 0)

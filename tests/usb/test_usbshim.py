@@ -36,7 +36,7 @@ import usb.backend
 import usb.core
 
 from coralrt.testing import SimulatedBackend
-from coralrt.sim.stick import descriptors as desc
+from coralrt._sim.stick import descriptors as desc
 from coralrt import open_device
 from usbshim.server import ShimBuildError, StickServer, build_shim, find_compiler
 
@@ -448,8 +448,8 @@ def test_an_in_transfer_reads_the_stick_once_however_long_it_waits(shim, tmp_pat
 # -- coralrt's driver and libedgetpu through the shim -------------------------------------------
 
 def _segment() -> bytes:
-    from coralrt.formats.segment import build_segment
-    from coralrt.formats.segment_codec import encode
+    from coralrt._formats.segment import build_segment
+    from coralrt._formats.segment_codec import encode
     from support.models import conv_relu
     return encode(build_segment(conv_relu()))
 

@@ -14,7 +14,7 @@ import os
 import usb.backend
 import usb.backend.libusb1
 
-from coralrt.usb.extension import BackendExtension
+from coralrt._usb.extension import BackendExtension
 
 __all__ = ["ShimBackend", "shim_backend"]
 

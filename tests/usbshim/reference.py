@@ -12,7 +12,7 @@ libedgetpu's stick starts in bootloader mode (it downloads the firmware it
 carries), coralrt's in running mode; both are in the DWN1 test mode with the model's
 packages known (``support.sim.accept_dwn1``) and with ``record_payloads``, so
 each host -> device stream's bytes are in the transcript.  The stick answers
-placeholder bytes computed from the request's inputs (coralrt/sim/stick/
+placeholder bytes computed from the request's inputs (coralrt/_sim/stick/
 dwn1_requests.py), the same for both hosts when they send the same inputs.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from coralrt.testing import SimulatedBackend
-from coralrt.sim.stick.dwn1_requests import instruction_mask
+from coralrt._sim.stick.dwn1_requests import instruction_mask
 from usbshim.server import StickServer
 
 HERE = Path(__file__).resolve().parent
@@ -175,7 +175,7 @@ def instruction_differences(ours: bytes, theirs: bytes, offset_bits) -> list[int
 def field_offset_bits(model: Path) -> dict[bytes, list[int]]:
     """{instruction chunk bytes: its FieldOffset bit offsets} for every chunk of every
     executable of ``model``'s packages."""
-    from coralrt.formats.dwn1 import parse_package
+    from coralrt._formats.dwn1 import parse_package
     from support.sim import packages_of
 
     out: dict[bytes, list[int]] = {}

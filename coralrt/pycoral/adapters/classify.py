@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from coralrt.vision.classify import top_indices
+from coralrt.vision._classify import top_indices
 
 __all__ = ["Class", "num_classes", "get_scores", "get_classes_from_scores", "get_classes"]
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from coralrt.vision.preprocess import fit_size
+from coralrt.vision._preprocess import fit_size
 
 __all__ = ["output_tensor", "input_details", "input_size", "input_tensor", "set_input",
            "set_resized_input"]

@@ -6,8 +6,8 @@ import collections
 import math
 
 from coralrt.pycoral.adapters import common
-from coralrt.vision.detect import postprocess_order
-from coralrt.vision.results import box_intersection, box_iou, box_union
+from coralrt.vision._detect import postprocess_order
+from coralrt.vision._results import box_intersection, box_iou, box_union
 
 __all__ = ["Object", "BBox", "get_objects"]
 

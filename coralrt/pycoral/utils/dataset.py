@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from coralrt.vision.labels import read_labels
+from coralrt.vision._labels import read_labels
 
 __all__ = ["read_label_file"]
 

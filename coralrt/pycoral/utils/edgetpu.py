@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from coralrt.logs import StderrHandler
+from coralrt._logs import StderrHandler
 
 __all__ = ["load_edgetpu_delegate", "make_interpreter", "list_edge_tpus", "run_inference",
            "get_runtime_version", "set_verbosity"]
@@ -65,7 +65,7 @@ def list_edge_tpus() -> list[dict]:
     without libusb, pyusb or permission to look, the list is empty.
     """
     try:
-        from coralrt.usb import list_devices
+        from coralrt._usb import list_devices
         found = list_devices()
     except Exception as e:  # noqa: BLE001 - pycoral's listing never fails either
         log.debug("listing Edge TPUs failed: %s", e)
@@ -117,7 +117,7 @@ def run_inference(interpreter, input_data) -> None:
 
 def get_runtime_version() -> str:
     """The runtime's name and version (pycoral gives libedgetpu's build string here)."""
-    from coralrt.version import version
+    from coralrt._version import version
     return f"coralrt {version()} (pure-Python Edge TPU runtime)"
 
 

@@ -1,0 +1,123 @@
+"""``coralrt run MODEL --image PATH``: one image through a vision model.
+
+The task (``--task``, default ``auto``) is chosen from the model's outputs by
+:func:`coralrt.vision.guess_task`: the SSD post-process outputs or boxes +
+scores -> detect; a [1, 1, 17, 3] output -> pose; one [1, H, W(, C)] output ->
+segment; one score vector -> classify.  The result is printed (or one JSON
+object with ``--json``) and, with ``--save``, drawn on the image.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from coralrt._cli._text import dumps, json_num, table
+from coralrt.vision import (
+    FITS, TASKS, as_rgb_array, classes_from_scores, detections_from_outputs, draw,
+    guess_task, keypoints_from_output, read_labels, run_image, segmentation_from_output,
+)
+from coralrt.vision._classify import score_output
+from coralrt.vision._pose import pose_output
+from coralrt.vision._segment import segmentation_output
+
+__all__ = ["add_arguments", "image_command"]
+
+log = logging.getLogger("coralrt.cli")
+
+DEFAULT_THRESHOLD = {"classify": 0.0, "detect": 0.5, "segment": 0.0, "pose": 0.0}
+
+
+def add_arguments(p) -> None:
+    """The image options of ``coralrt run`` (``--image`` itself is added next to ``--input``)."""
+    p.add_argument("--labels", metavar="FILE",
+                   help="with --image: label file (one label per line, or 'id label' lines)")
+    p.add_argument("--task", choices=("auto",) + TASKS, default="auto",
+                   help="with --image: what the model does (default: auto, told from its "
+                        "outputs)")
+    p.add_argument("--top-k", type=int, default=5, metavar="K",
+                   help="with --image, classify: how many classes to print (default: 5)")
+    p.add_argument("--fit", choices=FITS, default="stretch",
+                   help="with --image: how the image fits the input (default: stretch)")
+    p.add_argument("--save", metavar="OUT.png",
+                   help="with --image: draw the result on the image and write it "
+                        "(PNG or JPEG, by suffix)")
+
+
+def _result(task: str, sess, outputs: dict, placement, labels, args, threshold: float):
+    if task == "classify":
+        return classes_from_scores(score_output(sess, outputs), args.top_k, threshold, labels)
+    if task == "detect":
+        return detections_from_outputs(sess, outputs, placement, threshold, labels)
+    if task == "segment":
+        return segmentation_from_output(segmentation_output(sess, outputs), placement, labels)
+    return keypoints_from_output(pose_output(sess, outputs), placement)
+
+
+def _items(task: str, result, threshold: float) -> dict:
+    if task == "classify":
+        return {"classes": [{"id": c.id, "score": json_num(c.score), "label": c.label}
+                            for c in result]}
+    if task == "detect":
+        return {"detections": [
+            {"id": d.id, "label": d.label, "score": json_num(d.score),
+             "box": [json_num(round(v, 2)) for v in d.bbox.astuple()]} for d in result]}
+    if task == "segment":
+        shares = result.shares()
+        return {"segments": [{"id": i, "label": label, "share": json_num(round(shares[i], 6))}
+                             for i, label in zip(result.classes, result.labels)]}
+    return {"keypoints": [{"name": k.name, "x": json_num(round(k.x, 2)),
+                           "y": json_num(round(k.y, 2)), "score": json_num(k.score)}
+                          for k in result if k.score >= threshold]}
+
+
+def image_command(args, sess) -> int:
+    """Run ``sess`` on ``args.image`` and print (or draw) the result."""
+    pixels = as_rgb_array(args.image)   # a missing or unreadable file fails here, clearly
+    labels = read_labels(args.labels) if args.labels else None
+    task = guess_task(sess) if args.task == "auto" else args.task
+    threshold = DEFAULT_THRESHOLD[task] if args.threshold is None else args.threshold
+    t0 = time.perf_counter()
+    outputs, placement, _ = run_image(sess, pixels, fit=args.fit)
+    ms = (time.perf_counter() - t0) * 1e3
+    result = _result(task, sess, outputs, placement, labels, args, threshold)
+    report = {"model": str(args.model), "target": sess.target,
+              "image": {"path": str(args.image), "width": int(pixels.shape[1]),
+                        "height": int(pixels.shape[0])},
+              "task": task, "fit": args.fit, "threshold": threshold,
+              **_items(task, result, threshold), "latency_ms": round(ms, 4)}
+    if args.save:
+        draw(pixels, [k for k in result if k.score >= threshold] if task == "pose" else result,
+             args.save)
+        report["saved"] = str(args.save)
+    print(dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def format_report(r: dict) -> str:
+    img = r["image"]
+    lines = [f"model    {r['model']}", f"target   {r['target']}",
+             f"image    {img['path']} ({img['width']}x{img['height']}, fit {r['fit']})",
+             f"task     {r['task']}", ""]
+    if "classes" in r:
+        rows = [[k + 1, c["id"], f"{c['score']:.4f}", c["label"] or ""]
+                for k, c in enumerate(r["classes"])]
+        lines += [table(["rank", "id", "score", "label"], rows, right={0, 1, 2})]
+    elif "detections" in r:
+        rows = [[k + 1, d["label"] or d["id"], f"{d['score']:.4f}",
+                 *(f"{v:.1f}" for v in d["box"])] for k, d in enumerate(r["detections"])]
+        lines += [f"detections ({len(rows)}, score >= {r['threshold']:g}; boxes in image "
+                  f"pixels)"]
+        lines += [table(["#", "label", "score", "xmin", "ymin", "xmax", "ymax"], rows,
+                        right={0, 2, 3, 4, 5, 6})] if rows else ["  none"]
+    elif "segments" in r:
+        rows = [[s["id"], s["label"] or "", f"{100 * s['share']:.2f}%"] for s in r["segments"]]
+        lines += [table(["id", "label", "pixels"], rows, right={0, 2})]
+    else:
+        rows = [[k["name"], f"{k['x']:.1f}", f"{k['y']:.1f}", f"{k['score']:.3f}"]
+                for k in r["keypoints"]]
+        lines += [table(["keypoint", "x", "y", "score"], rows, right={1, 2, 3})]
+    lines += ["", f"latency  {r['latency_ms']:.3f} ms (one run, preprocessing included)"]
+    if "saved" in r:
+        lines.append(f"saved    {r['saved']}")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Models that were already compiled for an Edge TPU, and where their plain model is.
+
+Two compilers leave device programs inside a ``.tflite``, one program format
+each (:data:`coralrt._formats.opnames.FORMATS`): edgetpu_compiler
+(``edgetpu-custom-op``, runs only on a Coral stick) and coralrt's native
+compiler (``coralrt-segment``, runs on the simulated Edge TPU).  Neither kind
+runs on the CPU backend, and neither can be compiled again.  edgetpu_compiler
+writes ``X_edgetpu.tflite`` next to ``X.tflite``; CI jobs often hold only the
+compiled file's name, so :func:`plain_sibling` finds the plain model beside it.
+
+Every refusal of a compiled model is worded here, so the CLI, the compiler
+and the session targets say the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from coralrt.errors import ModelError
+from coralrt._formats.opnames import DWN1, SEGMENT
+
+__all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
+           "refuse_compiled"]
+
+_SUFFIX = "_edgetpu.tflite"
+
+
+# A model holding programs of both formats is edgetpu_compiler's: it needs a real stick.
+_PRECEDENCE = (DWN1, SEGMENT)
+
+
+def compiled_by(model) -> str | None:
+    """``"edgetpu_compiler"``, ``"coralrt"`` or ``None`` (a plain model): the
+    ``compiler`` of the program format whose operator the model holds."""
+    names = {op.opcode.custom_code for sg in model.subgraphs for op in sg.operators}
+    for fmt in _PRECEDENCE:
+        if fmt.op_name in names:
+            return fmt.compiler
+    return None
+
+
+def expected_plain(source) -> Path | None:
+    """Where the plain model of ``source`` would be: ``X.tflite`` beside a path
+    named ``X_edgetpu.tflite``; ``None`` for bytes, Models and other names."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = Path(source)
+    if not path.name.endswith(_SUFFIX) or len(path.name) == len(_SUFFIX):
+        return None
+    return path.with_name(path.name[: -len(_SUFFIX)] + ".tflite")
+
+
+def plain_sibling(source) -> Path | None:
+    """The plain model beside an edgetpu_compiler output, when it exists."""
+    path = expected_plain(source)
+    return path if path is not None and path.is_file() else None
+
+
+def not_on_host(model, source, *, no_stick: bool = False) -> str:
+    """Why the host (the ``cpu`` target, or ``sim`` for edgetpu_compiler
+    outputs) cannot run the compiled ``model``, and what does."""
+    if compiled_by(model) == "coralrt":
+        return ("this model was compiled by coralrt (it contains coralrt-segment operators), "
+                "whose programs run on the simulated Edge TPU: use target='sim', or give the "
+                "plain, uncompiled .tflite for target='cpu'")
+    head = ("this model was compiled by edgetpu_compiler (it contains edgetpu-custom-op): its "
+            "Edge TPU program runs only on a Coral USB Accelerator (target='coral')")
+    if no_stick:
+        head += ", and no Coral USB Accelerator was found"
+    plain = expected_plain(source)
+    if plain is not None:
+        where = f"give the plain model instead; it is expected beside this file at {plain}, " \
+                f"which does not exist"
+    else:
+        where = "give the plain, uncompiled .tflite instead"
+    return (f"{head}. The plain model runs anywhere (target='cpu' or 'sim'): {where}")
+
+
+def refuse_compiled(model, where: str | None = None) -> None:
+    """Raise :class:`ModelError` when ``model`` cannot be partitioned or compiled."""
+    refusal = not_recompilable(model)
+    if refusal:
+        raise ModelError(refusal, where=where)
+
+
+def not_recompilable(model) -> str | None:
+    """Why ``model`` cannot be partitioned or compiled, or ``None`` when it can."""
+    by = compiled_by(model)
+    if by == "edgetpu_compiler":
+        return ("this model was already compiled by edgetpu_compiler (it contains "
+                "edgetpu-custom-op); its Edge TPU programs only run with target='coral'. "
+                "Partition or compile the plain .tflite instead")
+    if by == "coralrt":
+        return ("this model was already compiled by coralrt (it contains coralrt-segment "
+                "operators); it runs with target='sim'. Partition or compile the plain "
+                ".tflite instead")
+    return None

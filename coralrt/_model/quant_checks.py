@@ -1,0 +1,309 @@
+"""Quantization parameters that make a LiteRT kernel kill the process.
+
+Each check reproduces, in Python, the arithmetic a LiteRT kernel does on an
+operator's scales and zero points while it prepares or first runs, and
+raises :class:`~coralrt.errors.ModelError` exactly when that arithmetic ends
+in an abort (a failed ``TFLITE_CHECK``: SIGABRT) or a null dereference
+(SIGSEGV).  Scales that are merely extreme are not refused: LiteRT runs an
+operator whose rescaling multiplier is 1e-30 or 1e30 (``QuantizeMultiplier``
+flushes tiny multipliers to zero and keeps huge ones), and so does coralrt.
+
+Sources (LiteRT, ``tflite/kernels``; the conditions were measured with
+ai-edge-litert 2.3 on single-operator models on each side of each boundary,
+see tests/test_validation_bounds.py):
+
+- ``internal/quantization_util.cc``: ``QuantizeMultiplierSmallerThanOneExp``
+  aborts unless 0 < m < 1 and the rounded exponent is <= 0;
+  ``QuantizeMultiplierGreaterThanOne`` aborts unless m > 1.
+- ``add.cc`` / ``sub.cc`` / ``squared_difference.cc`` (Prepare), the
+  quantized comparisons in ``comparisons.cc`` (Eval) and the reference
+  SOFTMAX / LOG_SOFTMAX (``activations.cc``, ``PreprocessSoftmaxScaling``)
+  call those two with multipliers built from the scales.
+- ``delegates/xnnpack/xnnpack_delegate.cc`` (the rules are in
+  :mod:`coralrt._model.xnnpack_checks`): while choosing the operators it
+  takes, the XNNPACK delegate (applied by the default, optimized kernels)
+  logs an unusable scale or zero point of a QUANTIZE operand or of
+  BATCH_MATMUL's first input through a null context (``GetXNNPackDatatype``
+  -> ``TF_LITE_KERNEL_LOG``): SIGSEGV.
+- ``elementwise.cc``: SQRT and LOG on an INT16 tensor without quantization
+  read quantization parameters (or a lookup table) that were never made.
+
+Kernels see a tensor's quantization the way ``InterpreterBuilder`` and
+``GetLegacyQuantization`` (``core/subgraph.cc``) leave it: a tensor without
+scales has scale 0 and zero point 0, a per-channel tensor has them 0 too,
+and zero points are truncated to 32 bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from coralrt.errors import ModelError
+from coralrt._model.kernel_view import (
+    EIGHT_BIT, F32, TYPE_RANGE, fail, legacy, operands, quantized, typed,
+)
+from coralrt._model.types import Operator, Subgraph, Tensor
+from coralrt._model.xnnpack_checks import XNNPACK_CHECKS
+
+__all__ = ["check_kernel_quantization", "quantize_multiplier_shift"]
+
+_COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
+
+
+# -- QuantizeMultiplier and its two checked wrappers ---------------------------------------
+
+def quantize_multiplier_shift(m: float) -> int:
+    """The exponent ``QuantizeMultiplier`` gives ``m`` (quantization_util.cc).
+
+    The significand is rounded to 31 bits (half away from zero); a carry into
+    bit 31 bumps the exponent; exponents below -31 are flushed to 0 (the
+    multiplier then becomes 0).  ``frexp`` of inf or NaN leaves 0.
+    """
+    if m == 0.0 or not math.isfinite(m):
+        return 0
+    q, shift = math.frexp(m)
+    if math.floor(abs(q) * 2.0**31 + 0.5) == 2**31 and q > 0:
+        shift += 1
+    return 0 if shift < -31 else shift
+
+
+def _smaller_than_one_aborts(m: float) -> bool:
+    # QuantizeMultiplierSmallerThanOneExp: CHECK_LT(m, 1), CHECK_GT(m, 0),
+    # CHECK_LE(shift, 0).  NaN fails the comparisons.
+    return not (0.0 < m < 1.0) or quantize_multiplier_shift(m) > 0
+
+
+def _greater_than_one_aborts(m: float) -> bool:
+    # QuantizeMultiplierGreaterThanOne: CHECK_GT(m, 1), CHECK_GE(shift, 0).
+    return not m > 1.0 or quantize_multiplier_shift(m) < 0
+
+
+def _twice_max(s1: np.float32, s2: np.float32) -> float:
+    # 2 * std::max(float, float) is float arithmetic (inf past FLT_MAX).
+    with np.errstate(over="ignore"):
+        return float(F32(2.0) * (s2 if s1 < s2 else s1))
+
+
+def _ratio(num: float, den: np.float32) -> float:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(num) / np.float64(den))
+
+
+def _scaled(shift: int, s: np.float32) -> np.float32:
+    # (1 << left_shift) * scale: int times float, in float.
+    with np.errstate(over="ignore"):
+        return F32(1 << shift) * s
+
+
+# -- element-wise arithmetic ------------------------------------------------------------
+
+def _int16_general(op: Operator, a: Tensor, b: Tensor, out: Tensor, option_table: str) -> bool:
+    """add.cc / sub.cc: whether INT16 operands take the general rescaling path
+    (the same multipliers as 8-bit, shifted by 15) instead of the power-of-two one."""
+    # Without an options table the kernel's params are zero: pot_scale_int16 false.
+    pot = bool(op.options.get("pot_scale_int16", True)) if op.options_type == option_table \
+        else False
+    if not pot:
+        return True
+    return not all(_checked_log2(legacy(t)[0]) for t in (a, b, out))
+
+
+def _checked_log2(x: np.float32) -> bool:
+    # CheckedLog2: float log2, rounded; a power of two if within 1e-3.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = F32(np.log(x)) * (F32(1.0) / F32(np.log(F32(2.0))))
+        return bool(np.abs(v - np.round(v)) < F32(1e-3))
+
+
+def _add(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 2, types)
+    if ops is None or ops[0].type_name != ops[1].type_name:
+        return  # TF_LITE_ENSURE_TYPES_EQ refuses mixed inputs cleanly
+    a, b, out = ops
+    kind = a.type_name  # the kernel makes the output's type the inputs'
+    general16 = False
+    if kind == "INT16" and quantized(a):
+        if any(legacy(t)[1] != 0 for t in ops):
+            return  # TF_LITE_ENSURE_EQ(zero_point, 0): a clean error
+        general16 = _int16_general(op, a, b, out, "AddOptions")
+    if kind not in EIGHT_BIT and not general16:
+        return
+    (s1, _), (s2, _), (so, _) = (legacy(t) for t in ops)
+    twice = _twice_max(s1, s2)
+    for m, what in ((_ratio(s1, twice), "input 0"), (_ratio(s2, twice), "input 1"),
+                    (_ratio(twice, _scaled(15 if general16 else 20, so)), "output")):
+        if _smaller_than_one_aborts(m):
+            fail(op, where, f"the {what} rescaling multiplier {m:g} (from scales {s1:g}, "
+                             f"{s2:g} -> {so:g}) is not in (0, 1)")
+
+
+def _sub(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 2, types)
+    if ops is None or ops[0].type_name != ops[1].type_name:
+        return
+    a, b, out = ops
+    kind = a.type_name
+    general16 = False
+    if kind == "INT16":
+        if any(legacy(t)[1] != 0 for t in ops):
+            return  # TF_LITE_ENSURE_EQ(zero_point, 0)
+        general16 = _int16_general(op, a, b, out, "SubOptions")
+    if kind not in EIGHT_BIT and not general16:
+        return
+    lo, hi = TYPE_RANGE[kind]
+    if any(not lo <= legacy(t)[1] <= hi for t in ops):
+        return  # PrepareGeneralSubOp checks the zero points first (a clean error)
+    (s1, _), (s2, _), (so, _) = (legacy(t) for t in ops)
+    twice = _twice_max(s1, s2)
+    for m, what in ((_ratio(s1, twice), "input 0"), (_ratio(s2, twice), "input 1")):
+        if _smaller_than_one_aborts(m):
+            fail(op, where, f"the {what} rescaling multiplier {m:g} is not in (0, 1)")
+    m = _ratio(twice, _scaled(15 if kind == "INT16" else 20, so))
+    # 1 itself, 0, negatives and NaN go to QuantizeMultiplierSmallerThanOneExp
+    # and abort.  A multiplier above 1 passes QuantizeMultiplierGreaterThanOne,
+    # but the (double-rounding) reference SUB then applies it with
+    # MultiplyByQuantizedMultiplierSmallerThanOneExp, whose RoundingDivideByPOT
+    # shifts by a negative amount: undefined, and measured to give results that
+    # depend on each element's position (vectorized and scalar code disagree),
+    # never the real difference.  No answer LiteRT gives is right, so it is
+    # refused too (coralrt, not a crash).
+    if m > 1.0:
+        raise ModelError(f"the output rescaling multiplier {m:g} (from scales {s1:g}, "
+                         f"{s2:g} -> {so:g}) is above 1, which LiteRT's SUB kernel applies "
+                         f"with an undefined negative shift (its results are garbage)",
+                         where=where)
+    if _smaller_than_one_aborts(m):
+        fail(op, where, f"the output rescaling multiplier {m:g} (from scales {s1:g}, "
+                         f"{s2:g} -> {so:g}) is not in (0, 1)")
+
+
+def _squared_difference(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 2, types)
+    if ops is None or ops[0].type_name != ops[1].type_name or ops[0].type_name != "INT8":
+        return
+    if any(not -128 <= legacy(t)[1] <= 127 for t in ops):
+        return  # zero points are checked first (a clean error)
+    (s1, _), (s2, _), (so, _) = (legacy(t) for t in ops)
+    twice = _twice_max(s1, s2)
+    out_m = _ratio(twice * twice, _scaled(14, so))
+    for m, what in ((_ratio(s1, twice), "input 0"), (_ratio(s2, twice), "input 1"),
+                    (out_m, "output")):
+        if _smaller_than_one_aborts(m):
+            fail(op, where, f"the {what} rescaling multiplier {m:g} is not in (0, 1)")
+
+
+def _comparison(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    # comparisons.cc, ComparisonQuantized (at the first run): each input's
+    # scale goes to QuantizeMultiplierSmallerThanOneExp when below 1, else
+    # to QuantizeMultiplierGreaterThanOne, so a scale of exactly 1, 0 (no
+    # quantization) or below 0 aborts.  UINT8 and INT8 always take this
+    # path; INT16 only for EQUAL and NOT_EQUAL with a quantized first input.
+    ops = operands(sg, op, 2, types)
+    if ops is None or ops[0].type_name != ops[1].type_name:
+        return
+    kind = ops[0].type_name
+    scaled = kind in EIGHT_BIT or (kind == "INT16" and op.name in ("EQUAL", "NOT_EQUAL")
+                                    and quantized(ops[0]))
+    if not scaled:
+        return
+    for k in (0, 1):
+        s = float(legacy(ops[k])[0])
+        aborts = _smaller_than_one_aborts(s) if s < 1.0 else _greater_than_one_aborts(s)
+        if aborts:
+            fail(op, where, f"input {k} has scale {s:g} (it must be positive and not "
+                             f"exactly 1)")
+
+
+# -- softmax (reference kernels) -------------------------------------------------------------
+
+def _softmax_input_multiplier_aborts(beta: float, scale: np.float32) -> bool:
+    # PreprocessSoftmaxScaling: min(beta * scale * 2^26, 2^31 - 1) must be
+    # above 1 for QuantizeMultiplierGreaterThanOne.  std::min keeps a NaN.
+    m = float(beta) * float(scale) * float(1 << 26)
+    m = m if not (2.0**31 - 1 < m) else 2.0**31 - 1
+    return _greater_than_one_aborts(m)
+
+
+def _softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 1, types)
+    if ops is None or ops[0].type_name not in EIGHT_BIT or not ops[0].shape:
+        return
+    x, out = ops
+    if x.type_name == "INT8" and out.type_name == "INT8":
+        so, zo = legacy(out)
+        delta = so - F32(1 / 256) if so > F32(1 / 256) else F32(1 / 256) - so
+        if zo != -128 or delta > F32(0.001) * F32(1 / 256):
+            return  # the output must be the fixed 1/256, -128: a clean error
+    beta = F32(op.options.get("beta", 0.0)) if op.options_type == "SoftmaxOptions" \
+        else F32(0.0)
+    if _softmax_input_multiplier_aborts(float(beta), legacy(x)[0]):
+        fail(op, where, f"beta {beta:g} times input scale {legacy(x)[0]:g} is at most "
+                         f"2^-26", "LiteRT's reference")
+
+
+def _log_softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 1, types)
+    if ops is None or ops[0].type_name != ops[1].type_name or ops[0].type_name not in EIGHT_BIT:
+        return
+    x, out = ops
+    so, zo = legacy(out)
+    if float(so) != 16.0 / 256 or zo != (255 if x.type_name == "UINT8" else 127):
+        return  # the output must be the fixed 16/256 and 255 / 127: a clean error
+    if _softmax_input_multiplier_aborts(1.0, legacy(x)[0]):
+        fail(op, where, f"input scale {legacy(x)[0]:g} is at most 2^-26",
+              "LiteRT's reference")
+
+
+# -- INT16 element-wise operators ----------------------------------------------------------
+
+def _int16_needs_quantization(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    ops = operands(sg, op, 1, types)
+    if ops is None or ops[0].type_name != "INT16" or ops[1].type_name != "INT16":
+        return
+    if not quantized(ops[0]):
+        raise ModelError(f"INT16 {op.name} input has no quantization parameters; LiteRT's "
+                         f"{op.name} kernel reads them anyway (SIGSEGV)", where=where)
+
+
+_CHECKS = {"ADD": _add, "SUB": _sub, "SQUARED_DIFFERENCE": _squared_difference,
+           "SOFTMAX": _softmax, "LOG_SOFTMAX": _log_softmax, **XNNPACK_CHECKS,
+           "SQRT": _int16_needs_quantization, "LOG": _int16_needs_quantization,
+           **dict.fromkeys(_COMPARISONS, _comparison)}
+
+# Kernels that give their output the type of one input (or BOOL) while they
+# prepare: add.cc, sub.cc, div.cc, squared_difference.cc (input 1),
+# maximum_minimum.cc, activations.cc (PRELU), add_n.cc, bitwise_xor.cc,
+# right_shift.cc, ceil.cc, floor.cc, round.cc, exp.cc, neg.cc, expand_dims.cc,
+# gather.cc, resize_bilinear.cc, resize_nearest_neighbor.cc, zeros_like.cc
+# (input 0), select.cc (input 1), comparisons.cc (BOOL).
+_OUTPUT_TYPE_FROM = {
+    **dict.fromkeys(("ADD", "SUB", "DIV", "SQUARED_DIFFERENCE", "SELECT", "SELECT_V2"), 1),
+    **dict.fromkeys(("MAXIMUM", "MINIMUM", "PRELU", "ADD_N", "BITWISE_XOR", "RIGHT_SHIFT",
+                     "CEIL", "FLOOR", "ROUND", "EXP", "NEG", "EXPAND_DIMS", "GATHER",
+                     "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "ZEROS_LIKE"), 0),
+}
+
+
+def check_kernel_quantization(sg: Subgraph, op: Operator, where: str,
+                              types: dict[int, str]) -> None:
+    """Raise ModelError when a builtin operator's quantization parameters make
+    one of LiteRT's kernels for it abort or crash.
+
+    ``types`` maps tensor indices of ``sg`` to the type LiteRT has given them
+    by the time this operator prepares (operators are checked in file order);
+    it is updated with the types this operator gives its output.
+    """
+    if op.opcode.is_custom:
+        return
+    check = _CHECKS.get(op.name)
+    if check is not None:
+        check(sg, op, where, types)
+    if not op.outputs or op.outputs[0] < 0:
+        return
+    if op.name in _COMPARISONS:
+        types[op.outputs[0]] = "BOOL"
+    k = _OUTPUT_TYPE_FROM.get(op.name)
+    if k is not None and k < len(op.inputs) and op.inputs[k] >= 0:
+        types[op.outputs[0]] = typed(sg, op.inputs[k], types).type_name

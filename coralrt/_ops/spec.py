@@ -1,0 +1,114 @@
+"""What the project knows about one operator: :class:`OpSpec`.
+
+A spec is data.  Its fields, by the part of coralrt that reads them:
+
+- validation (``coralrt._model.validate``): ``min_inputs``, ``optional_inputs``,
+  ``only_with`` and ``validate``; ``io_check`` is the slot for per-operator
+  input/output type and byte-size checks (unused so far).  None means "not
+  checked" (custom operators, builtins LiteRT has no kernel for).
+- the Edge TPU (``coralrt._compile.rules``, ``compat_rules``): ``tpu``, the
+  :class:`OpSupport` of the published operator table (None: the Edge TPU has
+  no such operator; ``tpu_refusal`` then says why it stays on the CPU),
+  ``compat`` (a rule compat mode adds: what edgetpu_compiler maps beyond the
+  table) and ``compat_checks`` (checks compat mode adds to ``tpu``).
+- cost (``coralrt._compile.costs``, ``coralrt._sim.latency``): ``macs``, the
+  multiply-accumulate formula (None: one per element), and ``latency_class``
+  (``"conv"``, ``"depthwise"`` or ``"other"``: how well the systolic array
+  is used).
+- kernels: ``sim``, the simulated Edge TPU's kernel factory
+  ``factory(OpContext) -> run(inputs)`` (a *sim kernel*), with
+  ``sim_compiled`` the slot for a compiled variant; and the NumPy CPU
+  backend's factories of the same form: ``numpy_float`` (float tensors),
+  ``numpy_wide_int`` (plain int32/int64 tensors), ``numpy_any`` (any type,
+  picked first) and ``numpy_8bit`` (8-bit tensors the simulated Edge TPU
+  has no kernel for).  The CPU kernels of plugins (``fn(inputs, OpInfo)``,
+  :data:`coralrt.plugins._registry.CpuKernel`) are another thing: whole-step
+  kernels outside any segment.
+
+A kernel slot holds a callable or a :class:`KernelRef` (``"module:attribute"``),
+imported the first time a table is built: the specs stay cheap to import
+(``import coralrt`` reads them for validation) while the kernel libraries
+(``coralrt._sim.kernels``, ``coralrt._backends``) sit in layers above this one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from coralrt._ops.checks import GENERIC_CHECKS, Check
+
+__all__ = ["OpSpec", "OpSupport", "KernelRef", "DEFAULT_ACTIVATIONS", "NO_ACTIVATION",
+           "resolve"]
+
+DEFAULT_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
+NO_ACTIVATION = frozenset({"NONE"})
+
+
+@dataclass
+class OpSupport:
+    """An Edge TPU support rule: the highest version the Edge TPU runs, the fused
+    activations it accepts, the operator's own checks and the generic ones."""
+
+    max_version: int
+    checks: tuple[Check, ...] = ()
+    activations: frozenset = DEFAULT_ACTIVATIONS
+    generic: tuple[Check, ...] = GENERIC_CHECKS
+
+
+@dataclass(frozen=True)
+class KernelRef:
+    """A kernel named by ``"package.module:attribute"``, imported on first use."""
+
+    target: str
+
+    def load(self) -> Callable:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def resolve(kernel) -> Callable | None:
+    """The callable behind a kernel slot (None stays None)."""
+    return kernel.load() if isinstance(kernel, KernelRef) else kernel
+
+
+def _ref(kernel):
+    return KernelRef(kernel) if isinstance(kernel, str) else kernel
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operator: see the module docstring for what each field is for.
+    Kernel slots take a callable, a :class:`KernelRef` or its string."""
+
+    name: str
+    custom: bool = False                  # a custom operator (by its custom code)
+    # validation
+    min_inputs: int | None = None
+    optional_inputs: frozenset[int] | None = None
+    only_with: Mapping[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    validate: Callable | None = None      # (sg, op, where) -> None, raises ModelError
+    io_check: Callable | None = None      # reserved: per-operator type/byte-size checks
+    # the Edge TPU
+    tpu: OpSupport | None = None
+    tpu_refusal: Callable | None = None   # (OpView) -> why it stays on the CPU
+    compat: OpSupport | None = None
+    compat_checks: tuple[Check, ...] = ()
+    # cost
+    macs: Callable | None = None          # (options, inputs, outputs) -> int
+    latency_class: str = "other"
+    # kernels
+    sim: object = None
+    sim_compiled: object = None           # reserved: a compiled variant of ``sim``
+    numpy_float: object = None
+    numpy_wide_int: object = None
+    numpy_any: object = None
+    numpy_8bit: object = None
+
+    def __post_init__(self) -> None:
+        for slot in ("sim", "sim_compiled", "numpy_float", "numpy_wide_int", "numpy_any",
+                     "numpy_8bit"):
+            object.__setattr__(self, slot, _ref(getattr(self, slot)))
+        if self.optional_inputs is not None:
+            object.__setattr__(self, "optional_inputs", frozenset(self.optional_inputs))

@@ -1,0 +1,129 @@
+"""The import hook: ``tflite_runtime`` and ``pycoral`` resolve to coralrt's modules.
+
+A :class:`CompatFinder` placed first on :data:`sys.meta_path` answers for
+``tflite_runtime``, ``pycoral`` and every submodule of either, and the import
+returns coralrt's module itself (the same object)::
+
+    import tflite_runtime.interpreter as tfl    # tfl is coralrt.tflite.interpreter
+
+Nothing of coralrt is imported until a mapped name is: this module uses the
+standard library only, so the start-up hook (``CORALRT_COMPAT=1``) can load
+it on its own, before any other package, without importing coralrt or NumPy.
+
+The finder carries the attribute ``coralrt_compat = True``: coralrt's own
+``tflite_runtime`` CPU backend sets such finders (and the aliases they put
+in :data:`sys.modules`) aside while it imports the real package, so it never
+gets coralrt's stand-in (``coralrt/_backends/litert.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+__all__ = ["ALIASES", "ENV", "CompatFinder", "install", "uninstall", "installed",
+           "target_of", "env_enabled"]
+
+#: Names an unmodified program imports -> the coralrt package that provides them.
+ALIASES = {"tflite_runtime": "coralrt.tflite", "pycoral": "coralrt.pycoral"}
+
+#: The variable the start-up hook reads.
+ENV = "CORALRT_COMPAT"
+
+_OFF = ("", "0", "false", "no", "off")
+
+
+def env_enabled(environ=None) -> bool:
+    """Whether ``CORALRT_COMPAT`` asks for the hook: anything but unset, empty, 0,
+    false, no or off (case-insensitive). Never raises."""
+    value = (os.environ if environ is None else environ).get(ENV, "")
+    return value.strip().lower() not in _OFF
+
+
+def target_of(fullname: str) -> str | None:
+    """The coralrt module that provides ``fullname``, or None when it is not mapped."""
+    top, dot, rest = fullname.partition(".")
+    base = ALIASES.get(top)
+    if base is None:
+        return None
+    return base + dot + rest
+
+
+class CompatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``tflite_runtime[.*]`` and ``pycoral[.*]``; loading one puts coralrt's
+    module in :data:`sys.modules` under the asked-for name."""
+
+    coralrt_compat = True
+
+    def find_spec(self, fullname, path=None, target=None):
+        name = target_of(fullname)
+        if name is None:
+            return None
+        if fullname.partition(".")[2]:
+            # A submodule: only when coralrt has it, so that a missing one fails as
+            # "No module named 'pycoral.x'" (the parent is coralrt's, already imported).
+            try:
+                if importlib.util.find_spec(name) is None:
+                    return None
+            except (ImportError, ValueError):
+                return None
+        # The spec's own module is a throwaway: exec_module swaps in coralrt's, which
+        # the import system then returns, so coralrt's __spec__ and __name__ stay intact.
+        return importlib.machinery.ModuleSpec(fullname, self, origin=f"alias of {name}",
+                                              is_package=True)
+
+    def create_module(self, spec):
+        return None     # the default (throwaway) module
+
+    def exec_module(self, module) -> None:
+        fullname = module.__spec__.name
+        real = importlib.import_module(target_of(fullname))
+        sys.modules[fullname] = real
+
+    def __repr__(self) -> str:
+        return "<coralrt.compat.CompatFinder: tflite_runtime, pycoral -> coralrt>"
+
+
+def _finders() -> list:
+    return [f for f in sys.meta_path if getattr(f, "coralrt_compat", False)]
+
+
+def installed() -> bool:
+    """Whether a coralrt compat finder is on :data:`sys.meta_path`."""
+    return bool(_finders())
+
+
+def _mapped_entries() -> list[str]:
+    return [k for k in list(sys.modules)
+            if k.partition(".")[0] in ALIASES]
+
+
+def install() -> CompatFinder:
+    """Put the finder first on :data:`sys.meta_path` (once; a second call only moves it
+    back to the front). Modules of a real ``tflite_runtime`` or ``pycoral`` already
+    imported leave :data:`sys.modules` (their objects live on where referenced), so
+    the next import of either name gets coralrt's."""
+    finders = _finders()
+    finder = finders[0] if finders else CompatFinder()
+    for f in finders:
+        sys.meta_path.remove(f)
+    sys.meta_path.insert(0, finder)
+    for key in _mapped_entries():
+        module = sys.modules.get(key)
+        if getattr(module, "__name__", key) == key:     # a real module, not an alias
+            del sys.modules[key]
+    return finder
+
+
+def uninstall() -> None:
+    """Remove the finder and the aliases it put in :data:`sys.modules`."""
+    for f in _finders():
+        sys.meta_path.remove(f)
+    for key in _mapped_entries():
+        module = sys.modules.get(key)
+        if getattr(module, "__name__", key) != key:     # an alias of a coralrt module
+            del sys.modules[key]
