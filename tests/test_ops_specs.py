@@ -67,7 +67,7 @@ SPECS = (OpSpec("ZEROS_LIKE", tpu=OpSupport(max_version=1), sim=zeros_like),
 def _forget_tables(monkeypatch):
     """The derived tables are built once per process; a test that adds a family
     file starts them afresh (and monkeypatch restores the old ones after)."""
-    for cached in (ops_pkg._built, ops_pkg.operator_table):
+    for cached in (ops_pkg._built, ops_pkg.operator_table, ops_pkg.operators_with):
         cached.cache_clear()
     numpy_backend._tables.cache_clear()
     host.reset()        # the process-wide plugin host registered the old specs

@@ -24,6 +24,13 @@ A spec is data.  Its fields, by the part of coralrt that reads them:
   has no kernel for).  The CPU kernels of plugins (``fn(inputs, OpInfo)``,
   :data:`coralrt.plugins._registry.CpuKernel`) are another thing: whole-step
   kernels outside any segment.
+- facts other parts look up by operator: ``calls_subgraphs`` (control flow:
+  the operator runs other subgraphs of the model; the NumPy backend refuses
+  it), ``output_takes_input_type`` (LiteRT's Prepare gives the output the
+  type of its two inputs whatever the file says, and the NumPy backend does
+  the same) and ``gelu_path`` (an element-wise or reshaping step the
+  layer-width rule looks through for a GELU, :func:`coralrt._ops.width.feeds_gelu`).
+  :func:`coralrt._ops.operators_with` gives the operators that set one.
 
 A kernel slot holds a callable or a :class:`KernelRef` (``"module:attribute"``),
 imported the first time a table is built: the specs stay cheap to import
@@ -105,6 +112,10 @@ class OpSpec:
     numpy_wide_int: object = None
     numpy_any: object = None
     numpy_8bit: object = None
+    # facts looked up by operator (flags)
+    calls_subgraphs: bool = False
+    output_takes_input_type: bool = False
+    gelu_path: bool = False
 
     def __post_init__(self) -> None:
         for slot in ("sim", "sim_compiled", "numpy_float", "numpy_wide_int", "numpy_any",
