@@ -3,7 +3,8 @@
 A spec is data.  Its fields, by the part of coralrt that reads them:
 
 - validation (``coralrt._model.validate``): ``min_inputs``, ``optional_inputs``,
-  ``only_with`` and ``validate``; ``io_check`` is the slot for per-operator
+  ``only_with``, ``count_options`` (options that must equal the number of
+  inputs or outputs) and ``validate``; ``io_check`` is the slot for per-operator
   input/output type and byte-size checks (unused so far).  None means "not
   checked" (custom operators, builtins LiteRT has no kernel for).
 - the Edge TPU (``coralrt._compile.rules``, ``compat_rules``): ``tpu``, the
@@ -95,6 +96,7 @@ class OpSpec:
     min_inputs: int | None = None
     optional_inputs: frozenset[int] | None = None
     only_with: Mapping[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    count_options: tuple[tuple[str, str], ...] | None = None  # (option, "inputs"/"outputs")
     validate: Callable | None = None      # (sg, op, where) -> None, raises ModelError
     io_check: Callable | None = None      # reserved: per-operator type/byte-size checks
     # the Edge TPU
