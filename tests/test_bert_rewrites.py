@@ -47,7 +47,7 @@ def test_rewrites_map_the_encoder(bert):
         rewritten = _rewrite(model.tflite, spec).model
         plan = partition(rewritten, "multi", rules=plugin_host().ops.rules())
         counts[spec] = plan.summary["tpu_ops"]
-        reasons = {o.opcode: o.reason for o in plan.ops if o.target == "cpu"}
+        reasons = {o.opcode: o.reason for o in plan.ops if o.unit == "cpu"}
         if spec != "none":
             assert "both operands are activations" in reasons["BATCH_MATMUL"]
             assert "FULLY_CONNECTED" not in reasons

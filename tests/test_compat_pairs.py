@@ -92,14 +92,14 @@ def tile_model(multiples, constant=True, shape=(1, 1, 1, 8)):
 
 
 def test_tile_maps_in_compat_mode_with_constant_multiples():
-    assert placements(tile_model([1, 33, 33, 1]))[0].target == "tpu"
+    assert placements(tile_model([1, 33, 33, 1]))[0].unit == "tpu"
 
 
 def test_tile_stays_on_cpu_in_multi_mode():
     # TILE is an observation of edgetpu_compiler (a compat rule): multi mode keeps
     # the published table.
     op = placements(tile_model([1, 33, 33, 1]), "multi")[0]
-    assert op.target == "cpu" and op.reason.startswith(R.UNSUPPORTED_OP)
+    assert op.unit == "cpu" and op.reason.startswith(R.UNSUPPORTED_OP)
 
 
 @pytest.mark.parametrize("multiples, constant, status, words", [
@@ -109,7 +109,7 @@ def test_tile_stays_on_cpu_in_multi_mode():
 ])
 def test_tile_limits(multiples, constant, status, words):
     op = placements(tile_model(multiples, constant))[0]
-    assert op.target == "cpu" and op.reason.startswith(status) and words in op.reason
+    assert op.unit == "cpu" and op.reason.startswith(status) and words in op.reason
 
 
 def test_compat_rules_copy_the_registry_and_keep_plugin_rules():
@@ -137,7 +137,7 @@ LIMIT = C.RESIZE_OUTPUT_EXTENT_LIMIT
 
 
 @pytest.mark.parametrize("op", ["RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"])
-@pytest.mark.parametrize("src, dst, align, half, target", [
+@pytest.mark.parametrize("src, dst, align, half, unit", [
     (LIMIT // 2, LIMIT, False, True, "cpu"),        # 2x to the limit
     ((LIMIT - 1) // 3, LIMIT - 1, False, False, "tpu"),   # 3x to one below it
     (33, 513, True, False, "cpu"),                  # DeepLab's final resize
@@ -145,15 +145,15 @@ LIMIT = C.RESIZE_OUTPUT_EXTENT_LIMIT
     (33, 33, True, False, "tpu"),                   # identity
     (LIMIT + 44, LIMIT + 44, False, False, "tpu"),  # identity beyond the limit: no resizing
 ])
-def test_resize_output_extent_in_compat_mode(op, src, dst, align, half, target):
+def test_resize_output_extent_in_compat_mode(op, src, dst, align, half, unit):
     placed = placements(resize_model(src, dst, op, align, half))[0]
-    assert placed.target == target, placed.reason
-    if target == "cpu":
+    assert placed.unit == unit, placed.reason
+    if unit == "cpu":
         assert placed.reason.startswith(R.UNSPECIFIED_LIMITATION) and str(dst) in placed.reason
 
 
 def test_resize_output_extent_is_compat_only():
-    assert placements(resize_model(LIMIT // 2, LIMIT), "multi")[0].target == "tpu"
+    assert placements(resize_model(LIMIT // 2, LIMIT), "multi")[0].unit == "tpu"
 
 
 @pytest.mark.parametrize("mode", ["compat", "multi"])
@@ -161,7 +161,7 @@ def test_resize_of_one_pixel_with_align_corners_stays_on_cpu(mode):
     # DeepLab's image pooling (1x1 -> 33x33, align_corners) stays on the CPU in every
     # DeepLab v3 pair: (out - 1) / (in - 1) is no ratio at all.
     placed = placements(resize_model(1, 33, align=True), mode)[0]
-    assert placed.target == "cpu" and "integer ratio" in placed.reason
+    assert placed.unit == "cpu" and "integer ratio" in placed.reason
 
 
 def quantize_model(in_dtype, out_dtype, in_scale=0.1, out_scale=0.2):
@@ -174,14 +174,14 @@ def quantize_model(in_dtype, out_dtype, in_scale=0.1, out_scale=0.2):
     return b.build()
 
 
-@pytest.mark.parametrize("in_dtype, out_dtype, target", [
+@pytest.mark.parametrize("in_dtype, out_dtype, unit", [
     (np.uint8, np.uint8, "tpu"),    # requantize (DeepLab cityscapes, op 77)
     (np.int8, np.int8, "tpu"),      # requantize (MoveNet, op 104)
     (np.uint8, np.int8, "tpu"),     # 8-bit type change (keras LSTM, PoseNet, BodyPix)
     (np.float32, np.int8, "cpu"),   # from float (MoveNet input)
 ])
-def test_quantize_maps_from_eight_bit_only(in_dtype, out_dtype, target):
-    assert placements(quantize_model(in_dtype, out_dtype))[0].target == target
+def test_quantize_maps_from_eight_bit_only(in_dtype, out_dtype, unit):
+    assert placements(quantize_model(in_dtype, out_dtype))[0].unit == unit
 
 
 def branch_model():
@@ -199,14 +199,14 @@ def branch_model():
 
 def test_supported_operator_after_a_cpu_operator_that_follows_tpu_work_stays_on_cpu():
     by = placements(branch_model())
-    assert by[0].target == "tpu" and by[1].target == "cpu"
-    assert by[2].target == "cpu" and by[2].reason == R.SECOND_SUBGRAPH
+    assert by[0].unit == "tpu" and by[1].unit == "cpu"
+    assert by[2].unit == "cpu" and by[2].reason == R.SECOND_SUBGRAPH
 
 
 def test_independent_branch_after_the_cut_in_model_order_still_maps():
     # MoveNet: operators 100-104 and 106-111 follow CPU operators 89-99 in model
     # order but do not depend on them, and edgetpu_compiler mapped them.
-    assert placements(branch_model())[3].target == "tpu"
+    assert placements(branch_model())[3].unit == "tpu"
 
 
 def test_cpu_operator_fed_by_model_inputs_only_does_not_cut():
@@ -218,7 +218,7 @@ def test_cpu_operator_fed_by_model_inputs_only_does_not_cut():
     b.op("RELU", [y], [z])
     b.output(z)
     by = placements(b.build())
-    assert [by[i].target for i in range(3)] == ["cpu", "tpu", "tpu"]
+    assert [by[i].unit for i in range(3)] == ["cpu", "tpu", "tpu"]
 
 
 # -- matching a compiled model to its plain model ------------------------------------------

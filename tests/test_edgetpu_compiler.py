@@ -386,7 +386,7 @@ def test_compile_model_resplits_around_cpu_operators():
     stub = _Stub(refuse={out})
     result = compile_model(model, compiler=stub)
     assert [s.ops for s in result.plan.segments] == [list(range(10)), list(range(11, 31))]
-    assert result.plan.ops[10].target == "cpu" and result.plan.ops[10].reason == "stub says no"
+    assert result.plan.ops[10].unit == "cpu" and result.plan.ops[10].reason == "stub says no"
     assert len(stub.calls) == 3
     compiled = load_model(result.to_bytes())
     assert [op.name for op in compiled.main.operators] == \
@@ -410,7 +410,7 @@ def test_compile_model_resplitting_is_bounded():
     assert len(stub.calls) == 4
     assert [s.ops for s in result.plan.segments] == [[1], [3], [5]]
     assert result.plan.ops[0].reason == "stub says no"
-    assert "budget" in result.plan.ops[7].reason and result.plan.ops[7].target == "cpu"
+    assert "budget" in result.plan.ops[7].reason and result.plan.ops[7].unit == "cpu"
     assert result.plan.summary["tpu_ops"] == 3
 
 

@@ -202,7 +202,7 @@ def test_segments_whose_activations_overflow_the_chip_are_split():
         z = y
     b.output(z)
     result = compile_model(b.build())
-    placement = [(o.opcode, o.target) for o in result.plan.ops]
+    placement = [(o.opcode, o.unit) for o in result.plan.ops]
     assert placement[:2] == [("RELU", "cpu"), ("RELU", "cpu")]
     assert all(t == "tpu" for _, t in placement[2:])
     assert result.plan.ops[0].reason.startswith(UNSPECIFIED_LIMITATION)

@@ -67,7 +67,7 @@ SPECS = (OpSpec("ZEROS_LIKE", tpu=OpSupport(max_version=1), sim=zeros_like),
 def _forget_tables(monkeypatch):
     """The derived tables are built once per process; a test that adds a family
     file starts them afresh (and monkeypatch restores the old ones after)."""
-    for cached in (ops_pkg._built, ops_pkg.operator_table):
+    for cached in (ops_pkg._built, ops_pkg.operator_table, ops_pkg.operators_with):
         cached.cache_clear()
     numpy_backend._tables.cache_clear()
     host.reset()        # the process-wide plugin host registered the old specs
@@ -102,7 +102,7 @@ def test_an_operator_added_as_a_family_file_is_partitioned_and_runs_everywhere(n
     assert "ZEROS_LIKE" in default_rules()
     assert PluginHost([]).ops.specs["ZEROS_LIKE"].plugin == "coralrt.builtins"
     plan = partition(model, "multi", rules=PluginHost([]).ops.rules())
-    assert [o.target for o in plan.ops] == ["tpu"]
+    assert [o.unit for o in plan.ops] == ["tpu"]
     x = np.arange(128, dtype=np.uint8).reshape(1, 4, 4, 8)
     want = np.full((1, 4, 4, 8), 7, np.uint8)
     data = write_model(model)
@@ -135,7 +135,7 @@ def test_a_family_file_kernel_requantizes_with_coralrt_ops_arith(new_family, in_
     from kernels.harness import run_reference
     model = one_op_model("Rescale", in_type, out_type)
     plan = partition(model, "multi", rules=PluginHost([]).ops.rules())
-    assert [o.target for o in plan.ops] == ["tpu"]
+    assert [o.unit for o in plan.ops] == ["tpu"]
     info = np.iinfo(in_type[0])
     x = np.random.default_rng(29).integers(info.min, info.max + 1, (1, 6, 6, 16)).astype(
         in_type[0])

@@ -42,7 +42,7 @@ def test_compat_mode_maps_what_edgetpu_compiler_mapped(name):
     model = load_model(shared_model(name))
     plan = partition(model, "compat")
     want_cpu = cpu_ops_of_compiled(name)
-    got_cpu = {o.index for o in plan.ops if o.target == "cpu"}
+    got_cpu = {o.index for o in plan.ops if o.unit == "cpu"}
     assert got_cpu == want_cpu
     assert len(plan.segments) == (1 if len(want_cpu) < len(model.main.operators) else 0)
 
@@ -115,7 +115,7 @@ def test_cost_model_drops_segments_that_only_move_data():
     plan = partition(load_model(shared_model(
         "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite")), "multi")
     reshapes = [o for o in plan.ops if o.opcode == "RESHAPE"]
-    assert reshapes and all(o.target == "cpu" and o.reason.startswith("Not offloaded")
+    assert reshapes and all(o.unit == "cpu" and o.reason.startswith("Not offloaded")
                             for o in reshapes)
     post = next(o for o in plan.ops if o.opcode == "TFLite_Detection_PostProcess")
     assert post.reason.startswith(R.UNSUPPORTED_OP) and "custom operator" in post.reason
@@ -266,4 +266,4 @@ def test_an_axis_operand_of_any_shape_is_read_flat():
     b.op("MEAN", [x, axes], [y], version=2, keep_dims=True)
     b.output(y)
     plan = partition(b.build(), "multi")
-    assert plan.ops[0].target == "tpu", plan.ops[0].reason
+    assert plan.ops[0].unit == "tpu", plan.ops[0].reason

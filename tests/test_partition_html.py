@@ -87,10 +87,10 @@ def test_deeplab_page_names_every_operator_reason_and_segment(tmp_path, capsys, 
     assert [(int(r[0]), r[1]) for r in rows] == [(o.index, o.opcode) for o in plan.ops]
     cpu = _cells(root, "Operators on the CPU, and why")
     assert [(int(r[0]), r[3]) for r in cpu] == [(o.index, o.reason) for o in plan.ops
-                                                if o.target == "cpu"]
+                                                if o.unit == "cpu"]
     titles = [t.text for t in graph.iter(f"{S}title")]
     for o in plan.ops:
-        if o.target == "cpu":                                   # on hover too
+        if o.unit == "cpu":                                   # on hover too
             assert any(o.reason in t for t in titles)
     segs = _cells(root, "Edge TPU segments")
     assert len(plan.segments) >= 1
@@ -149,7 +149,7 @@ def test_model_strings_are_escaped(render):
     assert NASTY + " in" in titles and "sum</title><script>" in titles
     assert "<script>&amp;\"op\ufffd'" in text + titles
     assert "<b>&name.tflite" in text
-    cpu = [o for o in plan.ops if o.target == "cpu"]
+    cpu = [o for o in plan.ops if o.unit == "cpu"]
     assert cpu and all(o.reason.replace("\x01", "\ufffd") in text + titles for o in cpu)
 
 

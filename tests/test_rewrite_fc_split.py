@@ -208,9 +208,9 @@ def test_fc_as_conv_is_exact_with_default_kernels(build):
 def test_fc_as_conv_maps_and_sim_matches_reference(build):
     model = build()
     before = _placements(model)
-    assert before[0].target == "cpu" and "not 1-D" in before[0].reason
+    assert before[0].unit == "cpu" and "not 1-D" in before[0].reason
     result, _ = _rewrite(model, FC_AS_CONV)
-    assert all(o.target == "tpu" for o in _placements(result.model).values())
+    assert all(o.unit == "tpu" for o in _placements(result.model).values())
     conv = result.model.main.operators[1]
     w = result.model.main.tensors[conv.inputs[1]]
     k, n = model.main.tensors[model.main.operators[0].inputs[1]].shape
@@ -233,7 +233,7 @@ def test_fc_as_conv_leaves_vector_and_float_fcs_alone():
     for model in (fc_vector(), fc_vector(dtype=np.uint8), fc_float()):
         result = run_rewrites(model, [FC_AS_CONV])
         assert result.records == [] and _names(result.model) == ["FULLY_CONNECTED"]
-    assert _placements(fc_vector())[0].target == "tpu"
+    assert _placements(fc_vector())[0].unit == "tpu"
 
 
 def test_fc_as_conv_leaves_non_constant_weights_alone():
@@ -253,7 +253,7 @@ def test_split_wide_fc_6000():
     model = fc_vector(k=6000, n=512)
     assert part_sizes(6000, 2) == [3000, 3000]
     before = _placements(model)
-    assert before[0].target == "cpu" and str(WIDTH_LIMIT) in before[0].reason
+    assert before[0].unit == "cpu" and str(WIDTH_LIMIT) in before[0].reason
     assert "split_wide" in before[0].reason
     result, data = _rewrite(model, SPLIT_WIDE)
     assert _names(result.model) == ["FULLY_CONNECTED"] * 2 + ["CONCATENATION"]
@@ -272,14 +272,14 @@ def test_split_wide_fc_6000():
     inputs = _inputs(model, count=4)
     for kernels in ("optimized", "reference"):
         assert _diff(model.to_bytes(), data, kernels, inputs).max() == 0
-    assert all(o.target == "tpu" for o in _placements(result.model).values())
+    assert all(o.unit == "tpu" for o in _placements(result.model).values())
     check(result.model, inputs[0])
 
 
 def test_split_wide_fc_feeding_gelu_applies_gelu_per_part():
     model = fc_gelu(3000)
     before = _placements(model)
-    assert before[0].target == "cpu" and str(WIDTH_LIMIT_GELU) in before[0].reason
+    assert before[0].unit == "cpu" and str(WIDTH_LIMIT_GELU) in before[0].reason
     result, data = _rewrite(model, SPLIT_WIDE)
     assert _names(result.model) == ["FULLY_CONNECTED"] * 2 + ["GELU"] * 2 + ["CONCATENATION"]
     (rec,) = result.records
@@ -295,7 +295,7 @@ def test_split_wide_fc_feeding_gelu_applies_gelu_per_part():
     for kernels in ("optimized", "reference"):
         assert _diff(model.to_bytes(), data, kernels, inputs).max() == 0
     after = _placements(result.model)
-    assert [after[i].target for i in range(4)] == ["tpu", "tpu", "cpu", "cpu"]
+    assert [after[i].unit for i in range(4)] == ["tpu", "tpu", "cpu", "cpu"]
     # The CONCATENATION after the GELUs is supported, but alone it does not pay for a
     # round trip to the Edge TPU (the cost model leaves it on the CPU).
     assert after[4].reason.startswith("Not offloaded")
@@ -323,7 +323,7 @@ def test_split_wide_before_a_tanh_chain_concatenates_in_front_of_it():
 
 def test_split_wide_uint8_conv_and_uneven_parts():
     model = conv_wide(5400)
-    assert _placements(model)[0].target == "cpu"
+    assert _placements(model)[0].unit == "cpu"
     result, data = _rewrite(model, SPLIT_WIDE)
     sg = result.model.main
     assert [sg.tensors[op.outputs[0]].shape[-1] for op in sg.operators] == [2700, 2700, 5400]
@@ -352,7 +352,7 @@ def test_fc_as_conv_then_split_wide():
     assert [r.before for r in result.records] == [("FULLY_CONNECTED 0",),
                                                    ("CONV_2D (from FULLY_CONNECTED 0)",)]
     assert _diff(model.to_bytes(), data, "optimized", _inputs(model, count=2)).max() == 0
-    assert all(o.target == "tpu" for o in _placements(result.model).values())
+    assert all(o.unit == "tpu" for o in _placements(result.model).values())
     check(result.model, _inputs(model)[0])
 
 
@@ -401,7 +401,7 @@ def test_split_embedding_with_fc_as_conv_maps():
                                     "CONV_2D", "RESHAPE"]
     assert _diff(model.to_bytes(), data, "optimized", _inputs(model, count=2)).max() == 0
     after = _placements(result.model)
-    assert [after[i].target for i in range(6)] == ["cpu"] * 2 + ["tpu"] * 4
+    assert [after[i].unit for i in range(6)] == ["cpu"] * 2 + ["tpu"] * 4
     ins = _inputs(model)[0]
     check(result.model.extract([2, 3, 4, 5]),
           run_litert(result.model.extract([0, 1]).to_bytes(), ins))

@@ -191,7 +191,7 @@ def test_builtin_gelu_replaced_and_mapped(dtype):
     assert ref.dtype == dtype and ref.shape == SHAPE
     np.testing.assert_array_equal(opt, ref)
     plan = partition(new, "multi")
-    assert [(o.target, o.reason) for o in plan.ops if o.target != "tpu"] == []
+    assert [(o.unit, o.reason) for o in plan.ops if o.unit != "tpu"] == []
     assert len(plan.ops) == len(EMITTED)
     assert model.main.operators[0].name == "GELU"          # the caller's model is as it was
 
@@ -206,7 +206,7 @@ def test_tanh_form_replaced_and_mapped(dtype, variant):
     assert [t.name for t in new.main.tensors if t.buffer is None and "/igelu/" not in t.name] \
         == ["x", model.main.tensors[model.main.outputs[0]].name]
     plan = partition(new, "multi")
-    assert all(o.target == "tpu" for o in plan.ops), [o.reason for o in plan.ops]
+    assert all(o.unit == "tpu" for o in plan.ops), [o.reason for o in plan.ops]
     (record,) = result.records
     assert len(record.before) == len(model.main.operators)
     assert sum(b.startswith("TANH ") for b in record.before) == 1

@@ -262,9 +262,9 @@ def _fc(width: int, gelu: bool = False):
 
 def test_layer_width_limits():
     fits = partition(_fc(WIDTH_LIMIT), "multi")
-    assert fits.ops[0].target == "tpu"
+    assert fits.ops[0].unit == "tpu"
     wide = partition(_fc(WIDTH_LIMIT + 1), "multi")
-    assert wide.ops[0].target == "cpu"
+    assert wide.ops[0].unit == "cpu"
     assert f"{WIDTH_LIMIT + 1} outputs exceed the {WIDTH_LIMIT}" in wide.ops[0].reason
     assert "split_wide" in wide.ops[0].reason
     gelu = partition(_fc(WIDTH_LIMIT_GELU + 1, gelu=True), "multi")

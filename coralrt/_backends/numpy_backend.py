@@ -45,7 +45,7 @@ from coralrt._formats.segment import (
 from coralrt._model import load_model
 from coralrt._model.shapes import inferred_shapes
 from coralrt._model.types import CUSTOM, numpy_dtype, packed_size
-from coralrt._ops import kernel_table
+from coralrt._ops import kernel_table, operators_with
 from coralrt._sim.kernels import kernel_for
 from coralrt._sim.runner import SegmentRunner
 from coralrt._version import version as coralrt_version
@@ -56,11 +56,6 @@ from coralrt._backends.numpy_kernels import is_float
 __all__ = ["NumpyBackend", "NumpyProgram"]
 
 log = logging.getLogger("coralrt.backends")
-
-_CONTROL_FLOW = ("WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEHLO_CASE",
-                 "STABLEHLO_COMPOSITE")
-_OUTPUT_TAKES_INPUT_TYPE = ("ADD", "SUB")
-
 
 def _by_type(float_kernel, eight_bit):
     """``float_kernel`` on float tensors, ``eight_bit`` otherwise."""
@@ -141,11 +136,13 @@ def _only_reshape_shapes(sg) -> set[int]:
 
 
 def _retype_outputs(sg, tensors) -> None:
-    """LiteRT's ADD and SUB give their output the type of their inputs when the
-    interpreter prepares them, whatever the file says; do the same for the tensors
-    between operators (converters have written such intermediates as FLOAT32)."""
+    """LiteRT's ADD and SUB (the specs that set ``output_takes_input_type``) give
+    their output the type of their inputs when the interpreter prepares them,
+    whatever the file says; do the same for the tensors between operators
+    (converters have written such intermediates as FLOAT32)."""
+    retyped = operators_with("output_takes_input_type")
     for op in sg.operators:
-        if op.name not in _OUTPUT_TAKES_INPUT_TYPE or len(op.inputs) != 2 or min(op.inputs) < 0:
+        if op.name not in retyped or len(op.inputs) != 2 or min(op.inputs) < 0:
             continue
         a, b = (tensors[k] for k in op.inputs)
         for k in op.outputs:
@@ -165,7 +162,7 @@ def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
     def refuse(detail: str):
         raise UnsupportedOperatorError(name, where=where, detail=detail)
 
-    if name in _CONTROL_FLOW:
+    if name in operators_with("calls_subgraphs"):
         refuse("the numpy backend runs subgraph 0 only, without control flow")
     if op.opcode == CUSTOM and name == _EDGETPU_OP:
         refuse("the model is compiled for the Edge TPU; the numpy backend runs the "

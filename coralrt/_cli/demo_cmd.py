@@ -50,9 +50,9 @@ def placement(sess: InferenceSession, model) -> list[tuple[int, str, str]]:
         where = f"{sess.target} ({sess.backend})"
         return [(i, op.name, where) for i, op in enumerate(model.main.operators)]
     rows = []
-    for i, (op, (target, segment, reason)) in enumerate(zip(model.main.operators,
-                                                            info["placement"])):
-        where = (f"Edge TPU segment {segment} (simulated)" if target == "tpu"
+    for i, (op, (unit, segment, reason)) in enumerate(zip(model.main.operators,
+                                                          info["placement"])):
+        where = (f"Edge TPU segment {segment} (simulated)" if unit == "tpu"
                  else f"cpu ({sess.backend}): {reason}")
         rows.append((i, op.name, where))
     return rows

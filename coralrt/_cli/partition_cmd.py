@@ -147,8 +147,9 @@ def format_plan(plan: PartitionPlan, name: str) -> str:
     if plan.rewrites:
         lines += ["rewrites (operator numbers below are those of the rewritten model)",
                   *(f"  {r['line']}" for r in plan.rewrites), ""]
-    rows = [[o.index, o.opcode, o.target, "" if o.segment is None else o.segment, o.reason]
+    rows = [[o.index, o.opcode, o.unit, "" if o.segment is None else o.segment, o.reason]
             for o in plan.ops]
+    # The column keeps its documented heading "target" (docs/cli.md) for the unit.
     lines += ["operators", table(["#", "operator", "target", "segment", "status"], rows,
                                  right={0})]
     return "\n".join(lines)

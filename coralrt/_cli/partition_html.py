@@ -121,7 +121,7 @@ class _Picture:
         self.plugin = {}
         for o in plan.ops:
             op = sg.operators[o.index]
-            if o.target == "cpu" and op.opcode.is_custom and (plugin_ops or {}).get(o.opcode):
+            if o.unit == "cpu" and op.opcode.is_custom and (plugin_ops or {}).get(o.opcode):
                 self.plugin[o.index] = plugin_ops[o.opcode]
         self.labels = {o.index: _cut(f"{o.index} {o.opcode}", LABEL_CHARS) for o in plan.ops}
         self.pills = {}
@@ -142,7 +142,7 @@ class _Picture:
         for nodes in self.lay.layers:
             groups: dict[str, list[int]] = {}
             for n in nodes:
-                if n.key[0] == "op" and plan.ops[n.key[1]].target == "cpu":
+                if n.key[0] == "op" and plan.ops[n.key[1]].unit == "cpu":
                     groups.setdefault(self.reason(n.key[1]), []).append(n.key[1])
             self.notes.append([(sorted(v), r) for r, v in groups.items()])
         self.tops, y = [], 0.0
@@ -155,7 +155,7 @@ class _Picture:
         self.graph_w = self.note_x + note_chars * 6.3 if note_chars else self.lay.width
 
     def tag(self, o) -> str:
-        return "plugin" if o.index in self.plugin else "CPU" if o.target == "cpu" \
+        return "plugin" if o.index in self.plugin else "CPU" if o.unit == "cpu" \
             else f"S{o.segment}"
 
     def reason(self, i: int) -> str:
@@ -169,14 +169,14 @@ class _Picture:
 
     def colour(self, i: int) -> str:
         o = self.plan.ops[i]
-        return PLUGIN_COLOUR if i in self.plugin else CPU_COLOUR if o.target == "cpu" \
+        return PLUGIN_COLOUR if i in self.plugin else CPU_COLOUR if o.unit == "cpu" \
             else segment_colour(o.segment)
 
     def where(self, key) -> tuple:
         if key[0] != "op":
             return ("host",)
         o = self.plan.ops[key[1]]
-        return ("host",) if o.target == "cpu" else ("tpu", o.segment)
+        return ("host",) if o.unit == "cpu" else ("tpu", o.segment)
 
     def pill(self, key) -> str:
         return self.pills[key]
@@ -185,7 +185,7 @@ class _Picture:
         o = self.plan.ops[i]
         if i in self.plugin:
             return f"CPU, kernel of plugin {self.plugin[i]}"
-        return "CPU" if o.target == "cpu" else f"Edge TPU segment {o.segment}"
+        return "CPU" if o.unit == "cpu" else f"Edge TPU segment {o.segment}"
 
     def legend(self) -> list[tuple[str, str]]:
         items = [(segment_colour(s.index), f"Edge TPU segment {s.index}")
@@ -323,7 +323,7 @@ class _Picture:
             op = sg.operators[i]
             colour = self.colour(i)
             lines = [f"#{i} {o.opcode}: {self.placement_text(i)}"]
-            if o.target == "cpu":
+            if o.unit == "cpu":
                 lines.append(self.reason(i))
             lines += ["inputs: " + ", ".join(_tensor(self.model, t) for t in op.inputs
                                              if t >= 0 and not sg.tensors[t].is_constant),
@@ -380,7 +380,7 @@ def _ms(v) -> str:
 
 def _cpu_rows(pic: _Picture) -> list[list]:
     return [[o.index, o.opcode, pic.placement_text(o.index), pic.reason(o.index)]
-            for o in pic.plan.ops if o.target == "cpu"]
+            for o in pic.plan.ops if o.unit == "cpu"]
 
 
 def _summary(plan: PartitionPlan) -> list[str]:

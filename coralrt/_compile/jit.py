@@ -114,7 +114,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: Compiler | None = None
                      "device_kinds": sorted(compiler.runs_on),
                      "build_seconds": time.perf_counter() - t0,
                      "summary": result.plan.summary,
-                     "placement": [[o.target, o.segment, o.reason] for o in result.plan.ops],
+                     "placement": [[o.unit, o.segment, o.reason] for o in result.plan.ops],
                      "rewrites": rewritten.lines()}
 
     # A cached entry that does not load or whose segments do not verify is

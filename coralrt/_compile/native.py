@@ -17,7 +17,8 @@ from coralrt._formats import segment_codec
 from coralrt._formats.opnames import SEGMENT_OP
 from coralrt._model.types import Model
 from coralrt._ops import operator_table
-from coralrt._ops.checks import OpView, layer_width
+from coralrt._ops.checks import OpView
+from coralrt._ops.width import layer_width
 from coralrt._version import version as coralrt_version
 
 __all__ = ["NativeCompiler"]

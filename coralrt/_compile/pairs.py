@@ -241,8 +241,8 @@ def compare_models(plain: Model, compiled: Model, *, rules=None,
     diffs = []
     for o in plan.ops:
         want = "tpu" if o.index in mapping.tpu else "cpu"
-        if o.target != want:
-            diffs.append(OpDiff(o.index, o.opcode, want, o.target, o.reason))
+        if o.unit != want:
+            diffs.append(OpDiff(o.index, o.opcode, want, o.unit, o.reason))
     return PairReport(names[0], names[1], not diffs, len(plain.main.operators),
                       len(mapping.tpu), len(plan.tpu_ops), len(mapping.segments),
                       len(plan.segments), diffs, mapping.notes)

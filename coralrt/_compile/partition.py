@@ -39,9 +39,15 @@ NOT_WORTH = "Not offloaded: the estimated gain does not cover the USB round trip
 class OpPlacement:
     index: int
     opcode: str
-    target: str  # "tpu" | "cpu"
+    unit: str  # the processing unit that runs it: "tpu" | "cpu"
     segment: int | None
     reason: str
+
+    def to_dict(self) -> dict:
+        # The documented JSON (``coralrt partition --json``, docs/cli.md) names
+        # the unit "target", as it always has: the key stays.
+        return {"index": self.index, "opcode": self.opcode, "target": self.unit,
+                "segment": self.segment, "reason": self.reason}
 
 
 @dataclass
@@ -67,13 +73,13 @@ class PartitionPlan:
     rewrites: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"ops": [asdict(o) for o in self.ops],
+        return {"ops": [o.to_dict() for o in self.ops],
                 "segments": [asdict(s) for s in self.segments], "summary": dict(self.summary),
                 "rewrites": [dict(r) for r in self.rewrites]}
 
     @property
     def tpu_ops(self) -> list[int]:
-        return [o.index for o in self.ops if o.target == "tpu"]
+        return [o.index for o in self.ops if o.unit == "tpu"]
 
 
 def _producers(sg: Subgraph) -> dict[int, int]:
@@ -213,7 +219,7 @@ def plan_from_groups(model: Model, plan: PartitionPlan, groups: list[list[int]],
                      cpu_reasons: dict[int, str] | None = None) -> PartitionPlan:
     """``plan`` with its segments replaced by ``groups``; operators in
     ``cpu_reasons`` move to the CPU with that reason."""
-    reasons = [None if o.target == "tpu" else o.reason for o in plan.ops]
+    reasons = [None if o.unit == "tpu" else o.reason for o in plan.ops]
     for i, reason in (cpu_reasons or {}).items():
         reasons[i] = reason
     return _plan(model, plan.mode, reasons, groups, costs or CostModel())

@@ -43,13 +43,6 @@ SCHEMA_VERSION = 3
 _MAX_ELEMENTS = 2**31 - 1
 # Integer types whose quantization kernels rescale with.
 _RESCALED_TYPES = ("UINT8", "INT8", "INT16")
-# Options that must equal a count of the operator's tensors.  SPLIT: crash
-# (the XNNPACK delegate visits num_splits outputs, SIGSEGV); the others:
-# LiteRT refuses too (pack.cc, unpack.cc, split_v.cc check the count).
-_COUNT_OPTIONS = {
-    "SPLIT": (("num_splits", "outputs"),), "SPLIT_V": (("num_splits", "outputs"),),
-    "PACK": (("values_count", "inputs"),), "UNPACK": (("num", "outputs"),),
-}
 
 
 def validate(model: Model) -> None:
@@ -198,8 +191,9 @@ def _check_outputs(sg: Subgraph, oi: int, op: Operator, produced: dict[int, int]
 
 
 def _check_count_options(op: Operator, owhere: str) -> None:
-    # See _COUNT_OPTIONS for what each rule guards against.
-    for option, side in _COUNT_OPTIONS.get(op.name, ()):
+    # The spec's count_options (coralrt/_ops/litert.py says what each guards against).
+    spec = builtin_specs().get(op.name)
+    for option, side in (spec and spec.count_options) or ():
         n_tensors = len(op.inputs if side == "inputs" else op.outputs)
         if op.options.get(option) != n_tensors:
             raise ModelError(f"option {option}={op.options.get(option)} but the operator "

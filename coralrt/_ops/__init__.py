@@ -1,7 +1,8 @@
 """One home per operator: a spec (:class:`OpSpec`) for every operator coralrt knows.
 
 Each family module of this package (``conv``, ``pool``, ``elementwise``,
-``activations``, ``shape``, ``reduce``, ``resize``, ``lstm``, ``detect``)
+``activations``, ``shape``, ``reduce``, ``resize``, ``lstm``, ``detect``,
+``control``)
 defines ``SPECS``, a tuple of :class:`OpSpec`: the Edge TPU support and
 compat rules, the cost formula and latency class, the simulator's and the
 NumPy backend's kernels, validation.  :mod:`coralrt._ops.litert` adds LiteRT's
@@ -43,10 +44,12 @@ from coralrt._ops.spec import DEFAULT_ACTIVATIONS, NO_ACTIVATION, KernelRef, OpS
     resolve
 
 __all__ = ["OpSpec", "OpSupport", "KernelRef", "DEFAULT_ACTIVATIONS", "NO_ACTIVATION",
-           "builtin_specs", "operator_table", "kernel_table", "family_of", "resolve"]
+           "builtin_specs", "operator_table", "operators_with", "kernel_table", "family_of",
+           "resolve"]
 
 # Modules of this package that hold no specs.
-_NOT_FAMILIES = frozenset({"spec", "checks", "fused", "litert", "doc_tables", "arith"})
+_NOT_FAMILIES = frozenset({"spec", "checks", "width", "fused", "litert", "doc_tables",
+                           "arith"})
 
 
 def _families() -> list[str]:
@@ -95,6 +98,13 @@ def operator_table(field: str) -> dict:
     :func:`kernel_table`."""
     return {name: getattr(spec, field) for name, spec in builtin_specs().items()
             if getattr(spec, field) not in (None, (), {})}
+
+
+@lru_cache(maxsize=None)
+def operators_with(flag: str) -> frozenset[str]:
+    """The built-in operators whose spec sets the boolean field ``flag``
+    (``"calls_subgraphs"``, ...)."""
+    return frozenset(name for name, spec in builtin_specs().items() if getattr(spec, flag))
 
 
 def kernel_table(slot: str) -> dict:

@@ -26,8 +26,7 @@ __all__ = [
     "same_dilation", "fc_default_weights", "concat_constants", "not_on_batch",
     "mean_depth_multiple_of_4", "pad_not_on_batch", "prelu_alpha", "resize_precision",
     "softmax_vector", "unit_strides", "requantize_only", "int8_only", "lstm_types",
-    "WIDTH_LIMIT", "WIDTH_LIMIT_GELU", "INPUT_WIDTH_LIMIT", "feeds_gelu", "width_limit",
-    "layer_width", "batch_matmul_refusal", "gelu_refusal", "table_lookup_refusal",
+    "batch_matmul_refusal", "gelu_refusal", "table_lookup_refusal",
 ]
 
 # Status strings of edgetpu_compiler's operation log.
@@ -41,18 +40,6 @@ MAPPED = "Mapped to Edge TPU"
 
 EIGHT_BIT = ("UINT8", "INT8")
 SOFTMAX_MAX_ELEMENTS = 16000
-
-# The widest FULLY_CONNECTED (or 1x1 CONV_2D) layer edgetpu_compiler maps, found
-# by binary search in the Transformers-on-Edge-TPU study
-# (../shared/reference/transformers-on-edge-tpu.md): 5376 outputs with no
-# activation or ReLU/sigmoid/tanh after it, 2728 when GELU (as I-GELU, whose
-# larger graph needs more on-chip memory) follows.  Wider layers do not compile;
-# the split_wide rewrite cuts them into equal parts.
-WIDTH_LIMIT = 5376
-WIDTH_LIMIT_GELU = 2728
-# The widest Edge TPU input the study's embedding outputs passed as (BERT-Small
-# and Medium, hidden 512, compiled; BERT-Base's 768 had to be split in two).
-INPUT_WIDTH_LIMIT = 512
 
 Check = Callable[["OpView"], "str | None"]
 
@@ -291,55 +278,6 @@ def lstm_types(v: OpView) -> str | None:
                                                   for k, t in enumerate(v.outputs))):
         if t.type_name not in EIGHT_BIT:
             return f"{UNSUPPORTED_TYPE}: {label} is {t.type_name}"
-    return None
-
-
-# -- layer width (on-chip memory) ----------------------------------------------
-
-# Steps between a layer and its GELU: element-wise arithmetic (the tanh form's
-# and I-GELU's first operators) and pure shape changes (the RESHAPE fc_as_conv
-# puts after the convolution).
-_GELU_PATH = frozenset({"MUL", "ADD", "SUB", "POW", "RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
-
-
-def feeds_gelu(sg, t: int, depth: int = 4) -> bool:
-    """True if tensor ``t`` goes into a GELU: a GELU operator reads it, or a TANH
-    is reached through at most ``depth`` element-wise or reshaping steps (the
-    tanh form of GELU that converters emit, and the I-GELU the gelu rewrite
-    builds)."""
-    frontier, seen = {t}, set()
-    for _ in range(depth + 1):
-        nxt = set()
-        for op in sg.operators:
-            if not frontier & set(op.inputs) or id(op) in seen:
-                continue
-            seen.add(id(op))
-            if op.name in ("GELU", "TANH"):
-                return True
-            if op.name in _GELU_PATH:
-                nxt.update(op.outputs)
-        if not nxt:
-            return False
-        frontier = nxt
-    return False
-
-
-def width_limit(sg, op) -> int:
-    """The widest output the Edge TPU compiler maps for this layer."""
-    return WIDTH_LIMIT_GELU if feeds_gelu(sg, op.outputs[0]) else WIDTH_LIMIT
-
-
-def layer_width(v: OpView) -> str | None:
-    """FULLY_CONNECTED and CONV_2D layers wider than the compiler's on-chip limit."""
-    out = v.outputs[0]
-    width = out.shape[-1] if out.shape else 1
-    limit = width_limit(v.sg, v.op)
-    if width > limit:
-        after = "followed by GELU" if limit == WIDTH_LIMIT_GELU else \
-            "with no activation or ReLU, sigmoid or tanh"
-        return (f"{UNSPECIFIED_LIMITATION}: {width} outputs exceed the {limit} the Edge TPU "
-                f"compiler fits on chip for a layer {after} (the split_wide rewrite "
-                f"splits it)")
     return None
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 from coralrt._ops.checks import (
-    batch_matmul_refusal, constant_operands, fc_default_weights, layer_width, same_dilation,
+    batch_matmul_refusal, constant_operands, fc_default_weights, same_dilation,
 )
 from coralrt._ops.spec import OpSpec, OpSupport
+from coralrt._ops.width import layer_width
 
 _SIM = "coralrt._sim.kernels.conv:"
 

@@ -1,5 +1,5 @@
 """Binary elementwise operators: ADD, SUB, MUL, DIV, FLOOR_DIV, MAXIMUM, MINIMUM,
-SQUARED_DIFFERENCE, PRELU."""
+SQUARED_DIFFERENCE, PRELU, POW."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ _INT = "coralrt._backends.numpy_index:"
 
 SPECS = (
     OpSpec("ADD", tpu=OpSupport(4), sim=_SIM + "add_sub", numpy_float=_FLOAT + "add",
-           numpy_wide_int=_INT + "add_int"),
+           numpy_wide_int=_INT + "add_int", output_takes_input_type=True, gelu_path=True),
     OpSpec("SUB", tpu=OpSupport(4), sim=_SIM + "add_sub", numpy_float=_FLOAT + "sub",
-           numpy_wide_int=_INT + "sub_int"),
+           numpy_wide_int=_INT + "sub_int", output_takes_input_type=True, gelu_path=True),
     OpSpec("MUL", tpu=OpSupport(4), sim=_SIM + "mul", numpy_float=_FLOAT + "mul",
-           numpy_wide_int=_INT + "mul_int"),
+           numpy_wide_int=_INT + "mul_int", gelu_path=True),
     OpSpec("MAXIMUM", tpu=OpSupport(4), sim=_SIM + "maximum_minimum"),
     OpSpec("MINIMUM", tpu=OpSupport(4), sim=_SIM + "maximum_minimum"),
     # TFLite implements SQUARED_DIFFERENCE (and RSQRT) for int8 only.
@@ -25,4 +25,6 @@ SPECS = (
     OpSpec("PRELU", tpu=OpSupport(2, (prelu_alpha,)), sim=_SIM + "prelu"),
     OpSpec("DIV", numpy_float=_FLOAT + "div"),
     OpSpec("FLOOR_DIV", numpy_any=_INT + "floor_div"),
+    # No kernel: in the tanh form of GELU (x + 0.044715 x^3) converters may write.
+    OpSpec("POW", gelu_path=True),
 )

@@ -136,6 +136,16 @@ MIN_INPUTS: dict[str, int] = {
     name: n for n, names in _MIN_BY_COUNT.items() for name in names.split()}
 
 
+#: Operator -> (option, "inputs" or "outputs"): options that must equal a count
+#: of the operator's tensors.  SPLIT: crash (the XNNPACK delegate visits
+#: num_splits outputs, SIGSEGV); the others: LiteRT refuses too (pack.cc,
+#: unpack.cc, split_v.cc check the count).
+COUNT_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    "SPLIT": (("num_splits", "outputs"),), "SPLIT_V": (("num_splits", "outputs"),),
+    "PACK": (("values_count", "inputs"),), "UNPACK": (("num", "outputs"),),
+}
+
+
 # Broadcasting binary operators, and those of them (per input type) that run
 # a broadcast of any rank when the shapes differ only by leading 1s (their
 # kernels compare the shapes padded to one rank first and find no broadcast).
@@ -165,7 +175,7 @@ _CHECK_GROUPS = (
 
 def validation_facts() -> dict[str, dict]:
     """Operator name -> the validation fields of its spec (``min_inputs``,
-    ``optional_inputs``, ``only_with``, ``validate``), for every operator
+    ``optional_inputs``, ``only_with``, ``count_options``, ``validate``), for every operator
     LiteRT's facts cover."""
     facts: dict[str, dict] = {}
     for name, optional in OPTIONAL_INPUTS.items():
@@ -174,6 +184,8 @@ def validation_facts() -> dict[str, dict]:
         facts.setdefault(name, {})["only_with"] = rules
     for name, n in MIN_INPUTS.items():
         facts.setdefault(name, {})["min_inputs"] = n
+    for name, rules in COUNT_OPTIONS.items():
+        facts.setdefault(name, {})["count_options"] = rules
     for names, check in _CHECK_GROUPS:
         for name in names:
             facts.setdefault(name, {})["validate"] = check

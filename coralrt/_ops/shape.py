@@ -15,9 +15,12 @@ _INDEX = "coralrt._backends.numpy_index:"
 _RESHAPE = "coralrt._backends.numpy_kernels:reshape"
 
 SPECS = (
-    OpSpec("RESHAPE", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE),
-    OpSpec("SQUEEZE", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE),
-    OpSpec("EXPAND_DIMS", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE),
+    OpSpec("RESHAPE", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE,
+           gelu_path=True),
+    OpSpec("SQUEEZE", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE,
+           gelu_path=True),
+    OpSpec("EXPAND_DIMS", tpu=OpSupport(3), sim=_SIM + "reshape", numpy_float=_RESHAPE,
+           gelu_path=True),
     OpSpec("CONCATENATION", tpu=OpSupport(3, (concat_constants,), activations=NO_ACTIVATION),
            sim=_SIM + "concatenation",
            numpy_float="coralrt._backends.numpy_kernels:concatenation"),

@@ -3,7 +3,8 @@
 A spec is data.  Its fields, by the part of coralrt that reads them:
 
 - validation (``coralrt._model.validate``): ``min_inputs``, ``optional_inputs``,
-  ``only_with`` and ``validate``; ``io_check`` is the slot for per-operator
+  ``only_with``, ``count_options`` (options that must equal the number of
+  inputs or outputs) and ``validate``; ``io_check`` is the slot for per-operator
   input/output type and byte-size checks (unused so far).  None means "not
   checked" (custom operators, builtins LiteRT has no kernel for).
 - the Edge TPU (``coralrt._compile.rules``, ``compat_rules``): ``tpu``, the
@@ -24,6 +25,13 @@ A spec is data.  Its fields, by the part of coralrt that reads them:
   has no kernel for).  The CPU kernels of plugins (``fn(inputs, OpInfo)``,
   :data:`coralrt.plugins._registry.CpuKernel`) are another thing: whole-step
   kernels outside any segment.
+- facts other parts look up by operator: ``calls_subgraphs`` (control flow:
+  the operator runs other subgraphs of the model; the NumPy backend refuses
+  it), ``output_takes_input_type`` (LiteRT's Prepare gives the output the
+  type of its two inputs whatever the file says, and the NumPy backend does
+  the same) and ``gelu_path`` (an element-wise or reshaping step the
+  layer-width rule looks through for a GELU, :func:`coralrt._ops.width.feeds_gelu`).
+  :func:`coralrt._ops.operators_with` gives the operators that set one.
 
 A kernel slot holds a callable or a :class:`KernelRef` (``"module:attribute"``),
 imported the first time a table is built: the specs stay cheap to import
@@ -88,6 +96,7 @@ class OpSpec:
     min_inputs: int | None = None
     optional_inputs: frozenset[int] | None = None
     only_with: Mapping[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    count_options: tuple[tuple[str, str], ...] | None = None  # (option, "inputs"/"outputs")
     validate: Callable | None = None      # (sg, op, where) -> None, raises ModelError
     io_check: Callable | None = None      # reserved: per-operator type/byte-size checks
     # the Edge TPU
@@ -105,6 +114,10 @@ class OpSpec:
     numpy_wide_int: object = None
     numpy_any: object = None
     numpy_8bit: object = None
+    # facts looked up by operator (flags)
+    calls_subgraphs: bool = False
+    output_takes_input_type: bool = False
+    gelu_path: bool = False
 
     def __post_init__(self) -> None:
         for slot in ("sim", "sim_compiled", "numpy_float", "numpy_wide_int", "numpy_any",

@@ -6,7 +6,7 @@ outputs too wide for the Edge TPU along their last axis, and concatenate.
 When: a CONV_2D or FULLY_CONNECTED with 8-bit activations and constant 8-bit
 weights (bias constant or absent; FC weights in the default format) whose
 output width, the last dimension k, exceeds
-:func:`coralrt._compile.checks.width_limit` (5376, or 2728 when the layer feeds a
+:func:`coralrt._ops.width.width_limit` (5376, or 2728 when the layer feeds a
 GELU); the Edge TPU compiler does not fit such layers on chip
 (``layer_width``).  What: p = ceil(k / limit) copies of the operator, each with
 its slice of the output channels: the rows of the weights (axis 0 in both
@@ -35,7 +35,7 @@ inputs quantized like its output copies bytes.
 -------------------
 When: a GATHER (axis 0, no batch dimensions) or EMBEDDING_LOOKUP with a
 constant 8-bit table and an 8-bit output whose last dimension w exceeds
-:data:`coralrt._compile.checks.INPUT_WIDTH_LIMIT` (512), and read by at least one
+:data:`coralrt._ops.width.INPUT_WIDTH_LIMIT` (512), and read by at least one
 operator the Edge TPU maps.  The lookup itself stays on the CPU, so its output
 is an Edge TPU input, and inputs that wide did not compile in the
 Transformers-on-Edge-TPU study (BERT-Base's 768 had to be split).  What: p =
@@ -58,7 +58,8 @@ import math
 
 import numpy as np
 
-from coralrt._compile.checks import INPUT_WIDTH_LIMIT, OpView, width_limit
+from coralrt._ops.checks import OpView
+from coralrt._ops.width import INPUT_WIDTH_LIMIT, width_limit
 from coralrt._compile.rewrite.base import RewriteRecord
 from coralrt._compile.rewrite.fc_conv import is_eight_bit, quant_kwargs
 from coralrt._compile.rules import default_rules
