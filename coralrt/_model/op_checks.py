@@ -3,10 +3,12 @@ trust their operands (found by fuzzing LiteRT with damaged real models).
 
 Each check takes the subgraph, the operator and a place name, and raises
 :class:`~coralrt.errors.ModelError` when the operator cannot be prepared
-safely.  The operator specs (:mod:`coralrt._ops`, their ``validate`` field)
-say which check guards which operator.  As in validate.py, each comment says whether LiteRT crashes on
-what the check refuses (and where), refuses it too, or would run it without
-a right answer (or coralrt depends on it).
+safely.  The operator specs (:mod:`coralrt._ops`, their ``validate`` field,
+filled from :mod:`coralrt._ops.litert`) say which check guards which
+operator, and broadcast_rank reads their ``padded_rank_aborts``.  As in
+validate.py, each comment says whether LiteRT crashes on what the check
+refuses (and where), refuses it too, or would run it without a right answer
+(or coralrt depends on it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt._model.types import Operator, Subgraph, Tensor
+from coralrt._ops import builtin_specs
 
 __all__ = ["MAX_RANK", "reshape", "fully_connected", "concatenation", "integer_lstm",
            "sequence_lstm", "broadcast_rank", "same_shape", "broadcast"]
@@ -288,11 +291,10 @@ def same_shape(sg: Subgraph, op: Operator, where: str) -> None:
 
 
 # The binary operators that broadcast are those whose spec names broadcast_rank
-# or broadcast (coralrt/_ops/litert.py); those of them (per input type) that run
-# a broadcast of any rank when the shapes differ only by leading 1s (their
-# kernels compare the shapes padded to one rank first and find no broadcast):
-_PADDED_RANK_OK = {"MUL": None, "ADD": ("INT32",), "SUB": ("FLOAT32", "INT32"),
-                   "DIV": ("FLOAT32", "INT32")}   # op -> input types that still abort
+# or broadcast (coralrt/_ops/litert.py); those of them whose kernels compare
+# the shapes padded to one rank first (and find no broadcast when the shapes
+# differ only by leading 1s) set padded_rank_aborts in their spec: the input
+# types for which they abort all the same.
 _MAX_BROADCAST_RANK = 8
 
 
@@ -301,9 +303,9 @@ def broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
     # BroadcastBinaryOpSimple, and the kernels built on it) abort with
     # TFLITE_CHECK_LE(dims_count, kMaxRank = 8) when the inputs' shapes differ
     # and the larger rank exceeds 8 (SIGABRT; measured for each operator and
-    # type above with the default and the reference kernels).  Equal shapes of
-    # any rank run; so do shapes equal up to leading 1s for the operators and
-    # types in _PADDED_RANK_OK.
+    # type with the default and the reference kernels).  Equal shapes of
+    # any rank run; so do shapes equal up to leading 1s for the operators
+    # whose spec sets padded_rank_aborts, but for the input types it lists.
     if len(op.inputs) < 2 or min(op.inputs[:2]) < 0:
         return
     a, b = (sg.tensors[i] for i in op.inputs[:2])
@@ -311,10 +313,10 @@ def broadcast_rank(sg: Subgraph, op: Operator, where: str) -> None:
     if a.shape == b.shape or rank <= _MAX_BROADCAST_RANK:
         return
     pad = lambda s: (1,) * (rank - len(s)) + tuple(s)  # noqa: E731
-    if op.name in _PADDED_RANK_OK and pad(a.shape) == pad(b.shape):
-        aborting = _PADDED_RANK_OK[op.name]
-        if aborting is None or a.type_name not in aborting:
-            return
+    spec = builtin_specs().get(op.name)
+    aborting = spec.padded_rank_aborts if spec is not None else None
+    if aborting is not None and pad(a.shape) == pad(b.shape) and a.type_name not in aborting:
+        return
     raise ModelError(f"{op.name} broadcasts inputs of shapes {list(a.shape)} and "
                      f"{list(b.shape)} at rank {rank}; LiteRT's broadcasting kernels abort "
                      f"above rank {_MAX_BROADCAST_RANK}", where=where)

@@ -28,6 +28,10 @@ see tests/test_validation_bounds.py):
 - ``elementwise.cc``: SQRT and LOG on an INT16 tensor without quantization
   read quantization parameters (or a lookup table) that were never made.
 
+Each check takes the subgraph, the operator, a place name and the types
+LiteRT has given the tensors so far; the operator specs (:mod:`coralrt._ops`,
+their ``quant_check`` field) say which check guards which operator.
+
 Kernels see a tensor's quantization the way ``InterpreterBuilder`` and
 ``GetLegacyQuantization`` (``core/subgraph.cc``) leave it: a tensor without
 scales has scale 0 and zero point 0, a per-channel tensor has them 0 too,
@@ -45,11 +49,11 @@ from coralrt._model.kernel_view import (
     EIGHT_BIT, F32, TYPE_RANGE, fail, legacy, operands, quantized, typed,
 )
 from coralrt._model.types import Operator, Subgraph, Tensor
-from coralrt._model.xnnpack_checks import XNNPACK_CHECKS
+from coralrt._ops import operator_table
 
-__all__ = ["check_kernel_quantization", "quantize_multiplier_shift"]
-
-_COMPARISONS = ("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL")
+__all__ = ["check_kernel_quantization", "quantize_multiplier_shift", "add", "sub",
+           "squared_difference", "comparison", "softmax", "log_softmax",
+           "int16_needs_quantization"]
 
 
 # -- QuantizeMultiplier and its two checked wrappers ---------------------------------------
@@ -117,7 +121,7 @@ def _checked_log2(x: np.float32) -> bool:
         return bool(np.abs(v - np.round(v)) < F32(1e-3))
 
 
-def _add(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def add(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 2, types)
     if ops is None or ops[0].type_name != ops[1].type_name:
         return  # TF_LITE_ENSURE_TYPES_EQ refuses mixed inputs cleanly
@@ -139,7 +143,7 @@ def _add(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
                              f"{s2:g} -> {so:g}) is not in (0, 1)")
 
 
-def _sub(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def sub(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 2, types)
     if ops is None or ops[0].type_name != ops[1].type_name:
         return
@@ -179,7 +183,7 @@ def _sub(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
                          f"{s2:g} -> {so:g}) is not in (0, 1)")
 
 
-def _squared_difference(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def squared_difference(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 2, types)
     if ops is None or ops[0].type_name != ops[1].type_name or ops[0].type_name != "INT8":
         return
@@ -194,7 +198,7 @@ def _squared_difference(sg: Subgraph, op: Operator, where: str, types: dict[int,
             fail(op, where, f"the {what} rescaling multiplier {m:g} is not in (0, 1)")
 
 
-def _comparison(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def comparison(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     # comparisons.cc, ComparisonQuantized (at the first run): each input's
     # scale goes to QuantizeMultiplierSmallerThanOneExp when below 1, else
     # to QuantizeMultiplierGreaterThanOne, so a scale of exactly 1, 0 (no
@@ -226,7 +230,7 @@ def _softmax_input_multiplier_aborts(beta: float, scale: np.float32) -> bool:
     return _greater_than_one_aborts(m)
 
 
-def _softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 1, types)
     if ops is None or ops[0].type_name not in EIGHT_BIT or not ops[0].shape:
         return
@@ -243,7 +247,7 @@ def _softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> N
                          f"2^-26", "LiteRT's reference")
 
 
-def _log_softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def log_softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 1, types)
     if ops is None or ops[0].type_name != ops[1].type_name or ops[0].type_name not in EIGHT_BIT:
         return
@@ -258,7 +262,7 @@ def _log_softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) 
 
 # -- INT16 element-wise operators ----------------------------------------------------------
 
-def _int16_needs_quantization(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def int16_needs_quantization(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     ops = operands(sg, op, 1, types)
     if ops is None or ops[0].type_name != "INT16" or ops[1].type_name != "INT16":
         return
@@ -267,43 +271,27 @@ def _int16_needs_quantization(sg: Subgraph, op: Operator, where: str, types: dic
                          f"{op.name} kernel reads them anyway (SIGSEGV)", where=where)
 
 
-_CHECKS = {"ADD": _add, "SUB": _sub, "SQUARED_DIFFERENCE": _squared_difference,
-           "SOFTMAX": _softmax, "LOG_SOFTMAX": _log_softmax, **XNNPACK_CHECKS,
-           "SQRT": _int16_needs_quantization, "LOG": _int16_needs_quantization,
-           **dict.fromkeys(_COMPARISONS, _comparison)}
-
-# Kernels that give their output the type of one input (or BOOL) while they
-# prepare: add.cc, sub.cc, div.cc, squared_difference.cc (input 1),
-# maximum_minimum.cc, activations.cc (PRELU), add_n.cc, bitwise_xor.cc,
-# right_shift.cc, ceil.cc, floor.cc, round.cc, exp.cc, neg.cc, expand_dims.cc,
-# gather.cc, resize_bilinear.cc, resize_nearest_neighbor.cc, zeros_like.cc
-# (input 0), select.cc (input 1), comparisons.cc (BOOL).
-_OUTPUT_TYPE_FROM = {
-    **dict.fromkeys(("ADD", "SUB", "DIV", "SQUARED_DIFFERENCE", "SELECT", "SELECT_V2"), 1),
-    **dict.fromkeys(("MAXIMUM", "MINIMUM", "PRELU", "ADD_N", "BITWISE_XOR", "RIGHT_SHIFT",
-                     "CEIL", "FLOOR", "ROUND", "EXP", "NEG", "EXPAND_DIMS", "GATHER",
-                     "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "ZEROS_LIKE"), 0),
-}
-
-
 def check_kernel_quantization(sg: Subgraph, op: Operator, where: str,
                               types: dict[int, str]) -> None:
     """Raise ModelError when a builtin operator's quantization parameters make
-    one of LiteRT's kernels for it abort or crash.
+    one of LiteRT's kernels for it abort or crash: the check its spec names
+    (``quant_check``, one of the checks above or of
+    :mod:`coralrt._model.xnnpack_checks`).
 
     ``types`` maps tensor indices of ``sg`` to the type LiteRT has given them
     by the time this operator prepares (operators are checked in file order);
-    it is updated with the types this operator gives its output.
+    it is updated with the type this operator's kernel gives its output (its
+    spec's ``output_type_from``).
     """
     if op.opcode.is_custom:
         return
-    check = _CHECKS.get(op.name)
+    check = operator_table("quant_check").get(op.name)
     if check is not None:
         check(sg, op, where, types)
-    if not op.outputs or op.outputs[0] < 0:
+    source = operator_table("output_type_from").get(op.name)
+    if source is None or not op.outputs or op.outputs[0] < 0:
         return
-    if op.name in _COMPARISONS:
-        types[op.outputs[0]] = "BOOL"
-    k = _OUTPUT_TYPE_FROM.get(op.name)
-    if k is not None and k < len(op.inputs) and op.inputs[k] >= 0:
-        types[op.outputs[0]] = typed(sg, op.inputs[k], types).type_name
+    if isinstance(source, str):
+        types[op.outputs[0]] = source
+    elif source < len(op.inputs) and op.inputs[source] >= 0:
+        types[op.outputs[0]] = typed(sg, op.inputs[source], types).type_name

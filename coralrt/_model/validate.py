@@ -32,7 +32,7 @@ from coralrt._model.optional_inputs import check_omitted_inputs
 from coralrt._model.quant_checks import check_kernel_quantization
 from coralrt._model.types import BUILTIN_NAMES, TYPE_NAMES, Model, Operator, Subgraph, Tensor, \
     packed_size
-from coralrt._ops import builtin_specs
+from coralrt._ops import builtin_specs, resolve
 
 __all__ = ["validate"]
 
@@ -130,7 +130,7 @@ def _check_operator(sg: Subgraph, oi: int, op: Operator, where: str,
         check_kernel_quantization(sg, op, owhere, types)
         spec = builtin_specs().get(op.name)
         if spec is not None and spec.validate is not None:
-            spec.validate(sg, op, owhere)   # the operator's structural check (op_checks)
+            resolve(spec.validate)(sg, op, owhere)   # its structural check (op_checks)
     _check_subgraph_references(op, len(subgraphs), owhere)
 
 

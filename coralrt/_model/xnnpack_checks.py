@@ -6,6 +6,9 @@ QUANTIZE operand or of BATCH_MATMUL's first input through a null context
 (``delegates/xnnpack/xnnpack_delegate.cc``: ``GetXNNPackDatatype`` ->
 ``TF_LITE_KERNEL_LOG``): SIGSEGV.  Measured with ai-edge-litert 2.3
 (tests/test_validation_bounds.py).
+
+The checks have the form of :mod:`coralrt._model.quant_checks`'; the specs of
+QUANTIZE and BATCH_MATMUL name them (their ``quant_check`` field).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from coralrt.errors import ModelError
 from coralrt._model.kernel_view import EIGHT_BIT, F32, TYPE_RANGE, Typed, legacy, typed
 from coralrt._model.types import Operator, Subgraph
 
-__all__ = ["XNNPACK_CHECKS"]
+__all__ = ["quantize", "batch_matmul"]
 
 
 def _xnnpack_takes(t: Typed) -> bool:
@@ -66,12 +69,9 @@ def _xnnpack_operands(sg: Subgraph, op: Operator, where: str, types: dict[int, s
                              f"default kernels) crashes on it", where=where)
 
 
-def _quantize(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def quantize(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     _xnnpack_operands(sg, op, where, types, checked=(0, -1), gated=(0, -1))
 
 
-def _batch_matmul(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def batch_matmul(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
     _xnnpack_operands(sg, op, where, types, checked=(0,), gated=(0,))
-
-
-XNNPACK_CHECKS = {"QUANTIZE": _quantize, "BATCH_MATMUL": _batch_matmul}

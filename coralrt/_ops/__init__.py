@@ -11,7 +11,9 @@ for).  Every family module found here is read; nothing lists them.
 
 The tables the rest of coralrt uses are derived from these specs, each in
 its own layer: the validation tables (``coralrt._model.optional_inputs``,
-``coralrt._model.validate``), the Edge TPU rules (``coralrt._compile.rules``,
+``coralrt._model.validate``, the quantization checks and output types of
+``coralrt._model.quant_checks``, the broadcast exemptions of
+``coralrt._model.op_checks``), the Edge TPU rules (``coralrt._compile.rules``,
 ``compat_rules``), the cost model (``coralrt._compile.costs``), the latency
 classes (``coralrt._sim.latency``), the simulator's kernels
 (``coralrt._sim.kernels.kernel_for``) and the NumPy backend's dispatch

@@ -1,9 +1,10 @@
 """Unary operators: the RELU family, LOGISTIC, TANH, HARD_SWISH, GELU, ABS, NEG,
 LEAKY_RELU, SQRT, RSQRT, SOFTMAX, L2_NORMALIZATION, and the type changes
-QUANTIZE, DEQUANTIZE, CAST."""
+QUANTIZE, DEQUANTIZE, CAST; LOG and LOG_SOFTMAX (validation only)."""
 
 from __future__ import annotations
 
+from coralrt._model import quant_checks, xnnpack_checks
 from coralrt._ops.checks import (
     gelu_refusal, innermost_three, int8_only, requantize_only, softmax_vector, static_shapes,
 )
@@ -27,10 +28,11 @@ SPECS = (
     OpSpec("L2_NORMALIZATION", tpu=OpSupport(3), sim=_SIM + "l2_normalization"),
     OpSpec("RSQRT", tpu=OpSupport(3, (int8_only,)), sim=_SIM + "rsqrt"),
     OpSpec("SOFTMAX", tpu=OpSupport(3, (softmax_vector,)), sim=_SIM + "softmax",
-           numpy_float=_FLOAT + "softmax"),
+           numpy_float=_FLOAT + "softmax", quant_check=quant_checks.softmax),
     OpSpec("QUANTIZE", tpu=OpSupport(3, (requantize_only,),
                                      generic=(static_shapes, innermost_three)),
-           sim=_SIM + "quantize", numpy_float=_FLOAT + "quantize"),
+           sim=_SIM + "quantize", numpy_float=_FLOAT + "quantize",
+           quant_check=xnnpack_checks.quantize),
     OpSpec("DEQUANTIZE", numpy_float=_FLOAT + "dequantize", numpy_any=_FLOAT + "dequantize"),
     OpSpec("GELU", tpu_refusal=gelu_refusal, numpy_float=_FLOAT + "gelu",
            numpy_8bit=_HOST + "gelu_8bit"),
@@ -38,6 +40,9 @@ SPECS = (
     OpSpec("LEAKY_RELU", numpy_float=_FLOAT + "leaky_relu",
            numpy_8bit=_HOST + "leaky_relu_8bit"),
     OpSpec("NEG", numpy_float=_FLOAT + "neg"),
-    OpSpec("SQRT", numpy_float=_FLOAT + "sqrt"),
+    OpSpec("SQRT", numpy_float=_FLOAT + "sqrt",
+           quant_check=quant_checks.int16_needs_quantization),
     OpSpec("CAST", numpy_any="coralrt._backends.numpy_index:cast"),
+    OpSpec("LOG", quant_check=quant_checks.int16_needs_quantization),
+    OpSpec("LOG_SOFTMAX", quant_check=quant_checks.log_softmax),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from coralrt._model import xnnpack_checks
 from coralrt._ops.checks import (
     batch_matmul_refusal, constant_operands, fc_default_weights, same_dilation,
 )
@@ -54,5 +55,6 @@ SPECS = (
            macs=_fc_macs, latency_class="conv", sim=_SIM + "fully_connected",
            numpy_float="coralrt._backends.numpy_kernels:fully_connected"),
     OpSpec("BATCH_MATMUL", tpu_refusal=batch_matmul_refusal,
-           numpy_any="coralrt._backends.numpy_matmul:batch_matmul"),
+           numpy_any="coralrt._backends.numpy_matmul:batch_matmul",
+           quant_check=xnnpack_checks.batch_matmul),
 )

@@ -1,5 +1,6 @@
-"""LiteRT's facts about the inputs of every builtin operator, and which
-structural check guards which one (validation, ``coralrt._model.validate``).
+"""LiteRT's facts about the inputs of every builtin operator, the type its
+kernel gives its output, and which structural check guards which one
+(validation, ``coralrt._model.validate``).
 
 These describe LiteRT's kernels for all of its ~200 builtins, most of which
 coralrt has no kernel or rule for; :func:`validation_facts` hands them to the
@@ -10,12 +11,11 @@ Optional inputs: the native crash they prevent is LiteRT handing an omitted
 input (tensor index -1) to a kernel as a null tensor, which every access
 but ``GetOptionalInputTensor`` dereferences (see
 :mod:`coralrt._model.optional_inputs`, which applies them, for the sources).
-The checks are :mod:`coralrt._model.op_checks`'.
+The structural checks are :mod:`coralrt._model.op_checks`', named by
+``"module:name"`` (that module reads the specs, so this one does not import it).
 """
 
 from __future__ import annotations
-
-from coralrt._model import op_checks
 
 __all__ = ["validation_facts"]
 
@@ -161,22 +161,42 @@ _BROADCAST = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERE
               "FLOOR_DIV", "FLOOR_MOD", "POW")
 
 
+_CHECKS = "coralrt._model.op_checks:"
 _CHECK_GROUPS = (
-    (BROADCASTING, op_checks.broadcast_rank),
-    (_SAME_SHAPE, op_checks.same_shape),
-    (_BROADCAST, op_checks.broadcast),       # later groups win: ADD gets broadcast
-    (("RESHAPE",), op_checks.reshape),
-    (("FULLY_CONNECTED",), op_checks.fully_connected),
-    (("CONCATENATION",), op_checks.concatenation),
-    (("LSTM",), op_checks.integer_lstm),
-    (("UNIDIRECTIONAL_SEQUENCE_LSTM",), op_checks.sequence_lstm),
+    (BROADCASTING, _CHECKS + "broadcast_rank"),
+    (_SAME_SHAPE, _CHECKS + "same_shape"),
+    (_BROADCAST, _CHECKS + "broadcast"),       # later groups win: ADD gets broadcast
+    (("RESHAPE",), _CHECKS + "reshape"),
+    (("FULLY_CONNECTED",), _CHECKS + "fully_connected"),
+    (("CONCATENATION",), _CHECKS + "concatenation"),
+    (("LSTM",), _CHECKS + "integer_lstm"),
+    (("UNIDIRECTIONAL_SEQUENCE_LSTM",), _CHECKS + "sequence_lstm"),
 )
+
+
+#: Operator -> the type its kernel gives output 0 while it prepares, whatever
+#: the file declares: the type of one input (an input position) or a type
+#: name.  add.cc, sub.cc, div.cc, squared_difference.cc (input 1),
+#: maximum_minimum.cc, activations.cc (PRELU), add_n.cc, bitwise_xor.cc,
+#: right_shift.cc, ceil.cc, floor.cc, round.cc, exp.cc, neg.cc,
+#: expand_dims.cc, gather.cc, resize_bilinear.cc, resize_nearest_neighbor.cc,
+#: zeros_like.cc (input 0), select.cc (input 1), comparisons.cc (BOOL).  The
+#: quantization checks (coralrt._model.quant_checks) see later operators'
+#: inputs with these types.
+OUTPUT_TYPE_FROM: dict[str, int | str] = {
+    **dict.fromkeys(("ADD", "SUB", "DIV", "SQUARED_DIFFERENCE", "SELECT", "SELECT_V2"), 1),
+    **dict.fromkeys(("MAXIMUM", "MINIMUM", "PRELU", "ADD_N", "BITWISE_XOR", "RIGHT_SHIFT",
+                     "CEIL", "FLOOR", "ROUND", "EXP", "NEG", "EXPAND_DIMS", "GATHER",
+                     "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "ZEROS_LIKE"), 0),
+    **dict.fromkeys(("EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL"),
+                    "BOOL"),
+}
 
 
 def validation_facts() -> dict[str, dict]:
     """Operator name -> the validation fields of its spec (``min_inputs``,
-    ``optional_inputs``, ``only_with``, ``count_options``, ``validate``), for every operator
-    LiteRT's facts cover."""
+    ``optional_inputs``, ``only_with``, ``count_options``, ``validate``,
+    ``output_type_from``), for every operator LiteRT's facts cover."""
     facts: dict[str, dict] = {}
     for name, optional in OPTIONAL_INPUTS.items():
         facts.setdefault(name, {})["optional_inputs"] = optional
@@ -189,4 +209,6 @@ def validation_facts() -> dict[str, dict]:
     for names, check in _CHECK_GROUPS:
         for name in names:
             facts.setdefault(name, {})["validate"] = check
+    for name, source in OUTPUT_TYPE_FROM.items():
+        facts.setdefault(name, {})["output_type_from"] = source
     return facts

@@ -4,9 +4,24 @@ A spec is data.  Its fields, by the part of coralrt that reads them:
 
 - validation (``coralrt._model.validate``): ``min_inputs``, ``optional_inputs``,
   ``only_with``, ``count_options`` (options that must equal the number of
-  inputs or outputs) and ``validate``; ``io_check`` is the slot for per-operator
-  input/output type and byte-size checks (unused so far).  None means "not
-  checked" (custom operators, builtins LiteRT has no kernel for).
+  inputs or outputs) and ``validate``, the operator's structural check
+  ``(sg, op, where)`` from :mod:`coralrt._model.op_checks` (named
+  ``"module:name"`` like a kernel: op_checks reads the specs, so the specs
+  do not import it); ``quant_check``, the check ``(sg, op, where, types)`` of
+  the quantization parameters that make LiteRT's kernel abort
+  (:mod:`coralrt._model.quant_checks`, :mod:`coralrt._model.xnnpack_checks`);
+  ``output_type_from``, the type LiteRT's kernel gives output 0 while it
+  prepares, whatever the file says (an input position whose type it takes,
+  or a type name such as ``"BOOL"``; the quantization checks of later
+  operators see that type); ``padded_rank_aborts``, for a broadcasting
+  operator whose kernel compares its inputs' shapes padded to one rank
+  first (so shapes equal up to leading 1s run at any rank), the input types
+  for which it aborts above rank 8 all the same (None: the kernel does not
+  pad, every broadcast above rank 8 aborts; see
+  :func:`coralrt._model.op_checks.broadcast_rank`).  ``io_check`` is the slot
+  for per-operator input/output type and byte-size checks (unused so far).
+  None means "not checked" (custom operators, builtins LiteRT has no kernel
+  for).
 - the Edge TPU (``coralrt._compile.rules``, ``compat_rules``): ``tpu``, the
   :class:`OpSupport` of the published operator table (None: the Edge TPU has
   no such operator; ``tpu_refusal`` then says why it stays on the CPU),
@@ -88,7 +103,7 @@ def _ref(kernel):
 @dataclass(frozen=True)
 class OpSpec:
     """One operator: see the module docstring for what each field is for.
-    Kernel slots take a callable, a :class:`KernelRef` or its string."""
+    Kernel slots and ``validate`` take a callable, a :class:`KernelRef` or its string."""
 
     name: str
     custom: bool = False                  # a custom operator (by its custom code)
@@ -97,7 +112,10 @@ class OpSpec:
     optional_inputs: frozenset[int] | None = None
     only_with: Mapping[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     count_options: tuple[tuple[str, str], ...] | None = None  # (option, "inputs"/"outputs")
-    validate: Callable | None = None      # (sg, op, where) -> None, raises ModelError
+    validate: object = None               # (sg, op, where) -> None, raises ModelError
+    quant_check: Callable | None = None   # (sg, op, where, types) -> None, raises ModelError
+    output_type_from: int | str | None = None   # input position, or a type name
+    padded_rank_aborts: tuple[str, ...] | None = None   # input types (see above)
     io_check: Callable | None = None      # reserved: per-operator type/byte-size checks
     # the Edge TPU
     tpu: OpSupport | None = None
@@ -120,8 +138,8 @@ class OpSpec:
     gelu_path: bool = False
 
     def __post_init__(self) -> None:
-        for slot in ("sim", "sim_compiled", "numpy_float", "numpy_wide_int", "numpy_any",
-                     "numpy_8bit"):
+        for slot in ("validate", "sim", "sim_compiled", "numpy_float", "numpy_wide_int",
+                     "numpy_any", "numpy_8bit"):
             object.__setattr__(self, slot, _ref(getattr(self, slot)))
         if self.optional_inputs is not None:
             object.__setattr__(self, "optional_inputs", frozenset(self.optional_inputs))
