@@ -491,7 +491,8 @@ def test_compilers_conflict_on_a_shared_device_kind_or_id():
     third.runs_on = ("tpu-farm",)
     registry = CompilerRegistry()
     registry.add(first, plugin="one")
-    with pytest.raises(ConfigError, match=r"a compiler for 'sim' devices \(one and two\)"):
+    with pytest.raises(ConfigError, match=r"a compiler for 'sim' devices \(one and two\)"), \
+            pytest.warns(DeprecationWarning, match="'usb' is now called 'coral'"):
         registry.add(second, plugin="two")
     with pytest.raises(ConfigError, match=r"compiler id 'a' \(one and three\)"):
         registry.add(third, plugin="three")
