@@ -103,7 +103,6 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 from coralrt.errors import ConfigError
@@ -139,42 +138,10 @@ COMPILER_URL_TIMEOUT = "CORALRT_COMPILER_URL_TIMEOUT"
 
 
 
-class TargetNames(Sequence):
-    """The session's target names, in order: a read-only, live view of the
-    target registry (:mod:`coralrt._targets`, which fills it; this layer is
-    below it).  Compares equal to the tuple of the same names."""
-
-    def __init__(self) -> None:
-        self._names: tuple[str, ...] = ()
-
-    def __getitem__(self, index):
-        return self._names[index]
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, (tuple, list, TargetNames)) and self._names == tuple(other)
-
-    __hash__ = None  # live: its value changes when a target is registered
-
-    def __repr__(self) -> str:
-        return repr(self._names)
-
-
-#: The session's targets; also what ``CORALRT_TARGET`` accepts (``COMPAT_TARGETS``).
-TARGETS = COMPAT_TARGETS = TargetNames()
-
-#: The Edge TPU device kinds (device registry, compilers' ``runs_on``): a Coral
-#: USB Accelerator, and the simulated stick.
-CORAL, SIM = "coral", "sim"
-#: Former device-kind words still accepted from plugins, and the kind each names now.
-KIND_ALIASES = {"usb": CORAL}
-
-
-def device_kind(kind: str) -> str:
-    """``kind`` with a former word replaced by today's (``"usb"`` -> ``"coral"``)."""
-    return KIND_ALIASES.get(kind, kind)
+# The target names and the device-kind words live in coralrt._kinds (same layer).
+from coralrt._kinds import (  # noqa: E402
+    CORAL, COMPAT_TARGETS, KIND_ALIASES, SIM, TARGETS, TargetNames, device_kind,
+)
 
 DEFAULT_EDGETPU_COMPILER_TIMEOUT = 180.0
 # The service's default compile limit (180 s) plus time to upload and answer.

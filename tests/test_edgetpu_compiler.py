@@ -30,7 +30,7 @@ from coralrt._compile.segments import compile_model
 from coralrt._compile.partition import partition, plan_from_groups
 from coralrt._compile.rules import MAPPED, SECOND_SUBGRAPH, UNSPECIFIED_LIMITATION
 from coralrt.plugins import _builtins as builtins
-from coralrt.plugins._registry import CompilerRegistry
+from coralrt.plugins._kind_registry import CompilerRegistry
 from coralrt.errors import (
     CompileError, CompilerUnavailableError, ConfigError, CoralRTError, SegmentNotMapped,
     TargetUnavailableError,

@@ -34,7 +34,7 @@ from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 from coralrt.errors import COMPILER_HELP, CompileError, CompilerUnavailableError, ConfigError
 from coralrt import load_model
 from coralrt.plugins import _builtins as builtins
-from coralrt.plugins._registry import CompilerRegistry
+from coralrt.plugins._kind_registry import CompilerRegistry
 
 # The stand-in compiler's fixtures: env (no compiler settings) and fake (its wrapper script).
 env = stand_in.env

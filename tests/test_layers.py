@@ -40,7 +40,7 @@ PACKAGE = "coralrt"
 LAYERS: list[tuple[str, ...]] = [
     ("coralrt.errors", "coralrt._formats.opnames"),
     ("coralrt._version", "coralrt._config", "coralrt._fileio", "coralrt._logs", "coralrt._wheels",
-     "coralrt._ops.arith"),
+     "coralrt._kinds", "coralrt._ops.arith"),
     ("coralrt._model", "coralrt._ops"),
     ("coralrt._tensors",),
     ("coralrt._formats",),

@@ -19,7 +19,8 @@ from coralrt.plugins import NativeCompiler
 from coralrt._compile.rules import OpSupport, OpView
 from coralrt.plugins import _hookspecs as hookspecs
 from coralrt.plugins._host import PluginHost, plugin_host
-from coralrt.plugins._registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.plugins._kind_registry import CompilerRegistry, DeviceRegistry
+from coralrt.plugins._registry import BUILTIN, OpRegistry
 from coralrt.errors import ConfigError, PluginError, UnsupportedOperatorError
 from coralrt._runtime.info import OpInfo, StepInfo
 from coralrt.testing import ModelBuilder, SimulatedBackend

@@ -16,7 +16,7 @@ from coralrt.testing import build_demo_model
 from coralrt.plugins import NativeCompiler
 from coralrt.errors import ConfigError
 from coralrt.plugins._host import PluginHost
-from coralrt.plugins._registry import CompilerRegistry, DeviceRegistry
+from coralrt.plugins._kind_registry import CompilerRegistry, DeviceRegistry
 from coralrt._sim.stick.backend import SimulatedBackend
 from coralrt._sim.stick.device import SimulatedStick, simulated_stick
 from coralrt._usb.driver import UsbEdgeTpu

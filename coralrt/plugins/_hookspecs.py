@@ -62,9 +62,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from coralrt.plugins._registry import (
-        CompilerRegistration, DeviceRegistration, OpRegistration,
-    )
+    from coralrt.plugins._kind_registry import CompilerRegistration, DeviceRegistration
+    from coralrt.plugins._registry import OpRegistration
     from coralrt._runtime.info import StepInfo
 
 __all__ = ["PROJECT", "hookspec", "hookimpl"]

@@ -39,7 +39,8 @@ from coralrt.plugins._loader import (
     REGISTRATION_PREFIX, PluginRecord, hook_names, hooks_of, load_installed, object_name,
     one_line, register,
 )
-from coralrt.plugins._registry import BUILTIN, CompilerRegistry, DeviceRegistry, OpRegistry
+from coralrt.plugins._kind_registry import CompilerRegistry, DeviceRegistry
+from coralrt.plugins._registry import BUILTIN, OpRegistry
 from coralrt.plugins._rewrite_registry import RewriteRegistry
 from coralrt._version import version as coralrt_version
 
