@@ -352,3 +352,51 @@ def test_timing_only_waits_the_estimate_and_answers_zeros(tmp_path):
             assert "bulk_out" in ops and "bulk_in" in ops and "run" in ops   # the real path
     finally:
         device.close()
+
+
+# -- many callers, one queue ----------------------------------------------------------------
+
+class Slow:
+    """Plugin kernel "Gate" that takes ``seconds`` per run."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def kernel(self, inputs, op):
+        time.sleep(self.seconds)
+        return [inputs[0] + 1]
+
+    @coralrt.hookimpl
+    def coralrt_register_ops(self, registry):
+        registry.add_kernel("Gate", self.kernel)
+
+
+def test_timeouts_bound_the_wait_for_room_not_the_wait_for_the_producer_lock():
+    """12 threads, each run 0.15 s, max_pending 2: a caller that waits for another
+    caller to get into the queue still waits up to its own timeout (30 s), not one
+    poll interval, before it is refused."""
+    s = InferenceSession(gate_model(), target="cpu", plugins=[Slow(0.15)], max_pending=2)
+    errors, results, lock = [], [], threading.Lock()
+
+    def caller(i: int) -> None:
+        try:
+            if i % 2:
+                out = s.submit(feed(i), timeout=30).result(60)
+            else:
+                out = s.run(feed(i), timeout=30)
+            with lock:
+                results.append((i, float(out["y"][0, 0])))
+        except Exception as e:   # noqa: BLE001 - every failure is reported below
+            with lock:
+                errors.append(f"{i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(12)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        s.close()
+    assert not errors, errors
+    assert sorted(results) == [(i, i + 1.0) for i in range(12)]

@@ -128,8 +128,14 @@ class RequestQueue:
 
         def left(cap: float) -> float:
             return cap if deadline is None else max(0.0, min(cap, deadline - time.monotonic()))
-        if not self._put_lock.acquire(timeout=left(POLL) if not block or deadline is not None
-                                      else -1):
+        # The producer lock is held by another caller while it waits for room: wait
+        # for it as long as this caller's own timeout allows (not one poll interval,
+        # which refused callers with a long timeout behind a busy one).
+        if not block:
+            wait = POLL
+        else:
+            wait = -1 if deadline is None else left(float("inf"))
+        if not self._put_lock.acquire(timeout=wait):
             raise self._full(block, timeout)
         try:
             self._check_usable()
