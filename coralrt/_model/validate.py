@@ -43,6 +43,7 @@ SCHEMA_VERSION = 3
 _MAX_ELEMENTS = 2**31 - 1
 # Integer types whose quantization kernels rescale with.
 _RESCALED_TYPES = ("UINT8", "INT8", "INT16")
+_ZERO_POINT_RANGE = {"UINT8": (0, 255), "INT8": (-128, 127), "INT16": (-32768, 32767)}
 
 
 def validate(model: Model) -> None:
@@ -127,8 +128,10 @@ def _check_operator(sg: Subgraph, oi: int, op: Operator, where: str,
     if op.opcode.is_custom:
         check_known_custom_op(sg, op, owhere)
     else:
-        check_kernel_quantization(sg, op, owhere, types)
         spec = builtin_specs().get(op.name)
+        if spec is not None and spec.io_check is not None:
+            resolve(spec.io_check)(sg, op, owhere, types)   # before types learns its output
+        check_kernel_quantization(sg, op, owhere, types)
         if spec is not None and spec.validate is not None:
             resolve(spec.validate)(sg, op, owhere)   # its structural check (op_checks)
     _check_subgraph_references(op, len(subgraphs), owhere)
@@ -287,12 +290,29 @@ def _check_quantization(t: Tensor, where: str) -> None:
     # divide by it (undefined in LiteRT's integer kernels; several abort, see
     # quant_checks.py) and the simulator cannot reproduce a division by zero.
     # Negative scales are well defined and left to quant_checks.py, as are
-    # tiny and huge ones; zero points outside the type's range are too (only
-    # the XNNPACK delegate's QUANTIZE and BATCH_MATMUL crash on them).
+    # tiny and huge ones.
     if t.type_name in _RESCALED_TYPES and (not np.all(np.isfinite(q.scale))
                                            or np.any(q.scale == 0)):
         raise ModelError(f"quantization scale {q.scale[:4].tolist()} is 0 or not finite",
                          where=where)
+    # A zero point outside the type's range (a uint8 tensor with zero point
+    # 36192: one flipped byte of a real model's int64) names values the type
+    # cannot hold, and no kernel set agrees on what to do with it.  LiteRT's
+    # reference kernels abort on it (SIGABRT, a uint8 convolution's output in a
+    # real MobileNet), its default kernels die on a QUANTIZE (SIGSEGV) and
+    # otherwise the XNNPACK delegate refuses the operator ("unsupported
+    # zero-point value"), leaving builtin kernels that answer zeros; the
+    # simulated Edge TPU and the NumPy backend follow TFLite's quantization
+    # spec.  Zero points are checked as the file stores them (int64): LiteRT
+    # truncates them to 32 bits, which turns no out-of-range value into a
+    # meaningful one.
+    if t.type_name in _RESCALED_TYPES and q.zero_point.size:
+        lo, hi = _ZERO_POINT_RANGE[t.type_name]
+        zps = np.asarray(q.zero_point, np.int64)
+        if zps.min() < lo or zps.max() > hi:
+            bad = zps[(zps < lo) | (zps > hi)]
+            raise ModelError(f"zero point {int(bad[0])} is outside the {t.type_name} range "
+                             f"[{lo}, {hi}]", where=where)
 
 
 def _check_tensor(t: Tensor, where: str) -> None:

@@ -173,6 +173,18 @@ _CHECK_GROUPS = (
     (("UNIDIRECTIONAL_SEQUENCE_LSTM",), _CHECKS + "sequence_lstm"),
 )
 
+#: Operators whose kernel writes output 0 with an input's type into a buffer
+#: sized by the output's own type (see coralrt._model.io_checks for what each
+#: mismatch does: buffer overflow, unwritten bytes or reinterpreted bits).
+_IO = "coralrt._model.io_checks:"
+IO_CHECKS: dict[str, str] = {
+    **dict.fromkeys(("RESHAPE", "SQUEEZE", "SUM", "MEAN", "REDUCE_MAX", "REDUCE_MIN",
+                     "REDUCE_PROD", "CUMSUM", "SEGMENT_SUM", "UNSORTED_SEGMENT_SUM",
+                     "UNSORTED_SEGMENT_MAX", "UNSORTED_SEGMENT_MIN", "UNSORTED_SEGMENT_PROD"),
+                    _IO + "output_has_input_type"),
+    "EMBEDDING_LOOKUP": _IO + "embedding_lookup",
+}
+
 
 #: Operator -> the type its kernel gives output 0 while it prepares, whatever
 #: the file declares: the type of one input (an input position) or a type
@@ -196,7 +208,7 @@ OUTPUT_TYPE_FROM: dict[str, int | str] = {
 def validation_facts() -> dict[str, dict]:
     """Operator name -> the validation fields of its spec (``min_inputs``,
     ``optional_inputs``, ``only_with``, ``count_options``, ``validate``,
-    ``output_type_from``), for every operator LiteRT's facts cover."""
+    ``output_type_from``, ``io_check``), for every operator LiteRT's facts cover."""
     facts: dict[str, dict] = {}
     for name, optional in OPTIONAL_INPUTS.items():
         facts.setdefault(name, {})["optional_inputs"] = optional
@@ -211,4 +223,6 @@ def validation_facts() -> dict[str, dict]:
             facts.setdefault(name, {})["validate"] = check
     for name, source in OUTPUT_TYPE_FROM.items():
         facts.setdefault(name, {})["output_type_from"] = source
+    for name, check in IO_CHECKS.items():
+        facts.setdefault(name, {})["io_check"] = check
     return facts

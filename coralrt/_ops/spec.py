@@ -18,8 +18,11 @@ A spec is data.  Its fields, by the part of coralrt that reads them:
   first (so shapes equal up to leading 1s run at any rank), the input types
   for which it aborts above rank 8 all the same (None: the kernel does not
   pad, every broadcast above rank 8 aborts; see
-  :func:`coralrt._model.op_checks.broadcast_rank`).  ``io_check`` is the slot
-  for per-operator input/output type and byte-size checks (unused so far).
+  :func:`coralrt._model.op_checks.broadcast_rank`); ``io_check``, the check
+  ``(sg, op, where, types)`` that an output has the type the kernel writes it
+  with (:mod:`coralrt._model.io_checks`: kernels that copy or compute with
+  the input's type into the output's buffer; named ``"module:name"`` like
+  ``validate``).
   None means "not checked" (custom operators, builtins LiteRT has no kernel
   for).
 - the Edge TPU (``coralrt._compile.rules``, ``compat_rules``): ``tpu``, the
@@ -116,7 +119,7 @@ class OpSpec:
     quant_check: Callable | None = None   # (sg, op, where, types) -> None, raises ModelError
     output_type_from: int | str | None = None   # input position, or a type name
     padded_rank_aborts: tuple[str, ...] | None = None   # input types (see above)
-    io_check: Callable | None = None      # reserved: per-operator type/byte-size checks
+    io_check: object = None               # (sg, op, where, types) -> None, raises ModelError
     # the Edge TPU
     tpu: OpSupport | None = None
     tpu_refusal: Callable | None = None   # (OpView) -> why it stays on the CPU
@@ -138,8 +141,8 @@ class OpSpec:
     gelu_path: bool = False
 
     def __post_init__(self) -> None:
-        for slot in ("validate", "sim", "sim_compiled", "numpy_float", "numpy_wide_int",
-                     "numpy_any", "numpy_8bit"):
+        for slot in ("validate", "io_check", "sim", "sim_compiled", "numpy_float",
+                     "numpy_wide_int", "numpy_any", "numpy_8bit"):
             object.__setattr__(self, slot, _ref(getattr(self, slot)))
         if self.optional_inputs is not None:
             object.__setattr__(self, "optional_inputs", frozenset(self.optional_inputs))
