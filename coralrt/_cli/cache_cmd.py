@@ -68,7 +68,9 @@ def add_parser(sub, parents) -> None:
         "import", command_import, "add the entries of an archive to the cache",
         "Verify the entries of an archive written by 'coralrt cache export' and store them in "
         "the compile cache. Nothing in the archive is extracted to a path or run; an entry "
-        "that fails verification is skipped and reported (exit status 1).")
+        "that fails verification is skipped and reported (exit status 1). The digests in an "
+        "archive prove it is intact, not who made it: import archives from machines you "
+        "trust.")
     imp.add_argument("file", metavar="FILE", help="the archive to read")
     imp.add_argument("--max-entry-bytes", type=_size, default=None, metavar="SIZE",
                      help=f"refuse an archive declaring an entry larger than SIZE (bytes, or "

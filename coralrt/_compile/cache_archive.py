@@ -18,6 +18,13 @@ whatever the name), in this order::
 ``created`` and ``description`` (``compiler``, ``options``, ``compiler_url``
 and ``segments``, when the record has them).
 
+The digests prove that an archive arrived as it was written, not who wrote it
+or from what its entries were compiled: anyone can write an archive with
+self-consistent digests.  What ties an entry to its source model is checked
+apart (:mod:`coralrt._compile.cache_origin`): at import against the inputs and
+outputs its record gives for the source model, at every load against the
+source model itself.
+
 Import (:mod:`coralrt._compile.cache_import`) never extracts to disk paths,
 unpickles or runs anything, and its memory does not grow with what the
 archive declares: members are streamed (:mod:`coralrt._compile.cache_tar`),
@@ -36,9 +43,10 @@ not give it, a duplicate name, or a size other than the manifest's.  The size
 refusals come before any entry's data is read.  For the rest, the archive is
 read twice: first checked whole, then stored.  An entry whose data is larger
 than the cache's size cap, whose record is larger than :data:`RECORD_MAX`,
-whose data or record does not match its SHA-256, or whose record does not
-name the key, source and size the manifest gives is skipped and reported; the
-others are imported.
+whose data or record does not match its SHA-256, whose record does not name
+the key, source and size the manifest gives, or whose compiled model's inputs
+and outputs are not those its record gives for its source model is skipped and
+reported; the others are imported.
 
 Export refuses to write an archive that import would refuse for its own
 limits (a manifest or a record too large), saying what to do instead.

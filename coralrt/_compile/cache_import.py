@@ -9,8 +9,10 @@ bounded memory: an entry's data is never held whole, only one chunk of it at a t
    computed as its data streams past.  Nothing is written.
 2. The store: each entry that passed, streamed into a temporary file next to
    its place in the cache while its digests are computed again (the file may
-   have changed in between); then the file is renamed into place and the
-   record written (:meth:`CompileCache.put_file`).
+   have changed in between); its compiled model's inputs and outputs are
+   compared with those its record gives for its source model
+   (:mod:`coralrt._compile.cache_origin`); then the file is renamed into place
+   and the record written (:meth:`CompileCache.put_file`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import gzip
 import hashlib
 import json
 import math
+import mmap
 import os
 import tempfile
 import zlib
@@ -29,6 +32,7 @@ from coralrt._compile.cache import CompileCache
 from coralrt._compile.cache_archive import (ARCHIVE_NAME, ARCHIVE_VERSION, ENTRY_MAX, MANIFEST,
                                            MANIFEST_MAX, RECORD_MAX, describe, member_name)
 from coralrt._compile.cache_format import CACHE_FORMAT_VERSION, KEY_PATTERN, RESERVED, checksum
+from coralrt._compile.cache_origin import check_io
 from coralrt._compile.cache_tar import TarStream
 from coralrt.errors import CacheArchiveError, ConfigError
 from coralrt._version import version
@@ -110,7 +114,7 @@ def import_cache(cache: CompileCache, file: str | os.PathLike, *,
                 statuses[key] = "present"
                 return
             meta = _store(cache, entry, record, _readable(entry, record, data, cap))
-        except _Skip as e:   # the file changed between the two readings
+        except _Skip as e:   # the file changed between the two readings, or the origin check
             problems[key] = str(e)
             return
         except (OSError, ValueError) as e:
@@ -171,6 +175,9 @@ def _store(cache: CompileCache, entry: dict, record: bytes, data: Iterator[bytes
             f.flush()
             os.fsync(f.fileno())
         meta, created = _verify(entry, record, digests)
+        problem = _origin_problem(tmp, meta)
+        if problem is not None:
+            raise _Skip(problem)
         cache.put_file(key, Path(tmp), meta, source=entry["source"], created=created,
                        data_crc32=digests.crc32)
         return meta
@@ -179,6 +186,15 @@ def _store(cache: CompileCache, entry: dict, record: bytes, data: Iterator[bytes
             os.unlink(tmp)
         except FileNotFoundError:
             pass   # renamed into place
+
+
+def _origin_problem(file: str, record: dict) -> str | None:
+    """check_io over the staged data, memory-mapped: only the pages it reads count."""
+    with open(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return check_io(b"", record)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return check_io(m, record)
 
 
 def _verify(entry: dict, record_bytes: bytes, data: _Digests) -> tuple[dict, float]:
