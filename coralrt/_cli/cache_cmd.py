@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 
+from coralrt import _config as config
 from coralrt._cli._progress import Progress
 from coralrt._cli._text import dumps, size_str, table
 from coralrt._compile.cache import CompileCache
-from coralrt._compile.cache_archive import export_cache
+from coralrt._compile.cache_archive import ENTRY_MAX, export_cache
 from coralrt._compile.cache_import import import_cache
 from coralrt._compile.digest import model_digest
 from coralrt.errors import CacheArchiveError
@@ -67,8 +68,20 @@ def add_parser(sub, parents) -> None:
         "import", command_import, "add the entries of an archive to the cache",
         "Verify the entries of an archive written by 'coralrt cache export' and store them in "
         "the compile cache. Nothing in the archive is extracted to a path or run; an entry "
-        "that fails verification is skipped and reported (exit status 1).")
+        "that fails verification is skipped and reported (exit status 1). The digests in an "
+        "archive prove it is intact, not who made it: import archives from machines you "
+        "trust.")
     imp.add_argument("file", metavar="FILE", help="the archive to read")
+    imp.add_argument("--max-entry-bytes", type=_size, default=None, metavar="SIZE",
+                     help=f"refuse an archive declaring an entry larger than SIZE (bytes, or "
+                          f"with a K, M or G suffix; default {ENTRY_MAX >> 20}M)")
+
+
+def _size(text: str) -> int:
+    size = config.parse_size(text)
+    if size is None or size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (for example 512M)")
+    return size
 
 
 def format_info(info: dict) -> str:
@@ -160,7 +173,7 @@ def format_import(report: dict) -> str:
 
 
 def command_import(args) -> int:
-    report = import_cache(CompileCache(), args.file)
+    report = import_cache(CompileCache(), args.file, max_entry_bytes=args.max_entry_bytes)
     print(dumps(report) if args.json else format_import(report))
     if report["failed"]:
         raise CacheArchiveError(

@@ -45,7 +45,7 @@ from filelock import FileLock, Timeout
 from coralrt import _config as config
 from coralrt._compile.cache_format import (CACHE_FORMAT_VERSION, KEY_PATTERN as _KEY, Entry,
                                           canonical_json, check_source, checksum as _checksum,
-                                          make_key, new_record)
+                                          make_key, new_record, record_of)
 from coralrt._compile import cache_upkeep
 from coralrt._compile.cache_index import SourceIndex, record_source
 from coralrt.errors import CacheLockTimeoutError
@@ -242,6 +242,23 @@ class CompileCache:
         atomic_write(json_path, text, mode=0o600)
         self._index.add(source, key)  # after the record: see SourceIndex.drop
         return Entry(data, record, data_crc32)
+
+    def put_file(self, key: str, file: Path, meta: dict, *, source: str, created: float,
+                 data_crc32: int) -> None:
+        """Store the file ``file`` as the data of ``key`` (as :meth:`put` stores
+        bytes): data too large to hold in memory, streamed by the caller into
+        a temporary file in this cache's folder (a name :func:`coralrt._fileio.
+        is_temporary` recognises), complete and fsynced, whose CRC-32 is
+        ``data_crc32``.  The file is renamed into place, not copied."""
+        _, bin_path, json_path = self._files(key)
+        check_source(source)
+        record = record_of(key, source, os.stat(file).st_size, data_crc32, meta,
+                           created=created)
+        text = canonical_json(record)
+        _unlink(json_path)
+        os.replace(file, bin_path)
+        atomic_write(json_path, text, mode=0o600)   # also fsyncs the folder of both
+        self._index.add(source, key)
 
     def newest(self, source: str, accept: Callable[[dict], bool]) -> Entry | None:
         """The verified entry built from the model whose SHA-256 is ``source``

@@ -1,7 +1,7 @@
 """Shippable compile caches: ``coralrt cache export`` and ``coralrt cache import``.
 
-An archive is a plain tar file (gzip-compressed when its name ends with
-``.tar.gz`` or ``.tgz``; the reader recognises gzip by its magic bytes
+An archive is a plain (ustar) tar file (gzip-compressed when its name ends
+with ``.tar.gz`` or ``.tgz``; the reader recognises gzip by its magic bytes
 whatever the name), in this order::
 
     manifest.json                 what the archive holds (below)
@@ -18,20 +18,38 @@ whatever the name), in this order::
 ``created`` and ``description`` (``compiler``, ``options``, ``compiler_url``
 and ``segments``, when the record has them).
 
-Import (:mod:`coralrt._compile.cache_import`) never extracts to disk paths, unpickles or runs anything: members are
-read into memory through :mod:`tarfile`, one entry at a time, and stored with
-:meth:`CompileCache.put <coralrt._compile.cache.CompileCache.put>`.  The whole
-archive is refused (:class:`~coralrt.errors.CacheArchiveError`, nothing
-stored) when it is not a tar file, is truncated, its first member is not the
-manifest or the manifest is larger than :data:`MANIFEST_MAX`, its archive or
-cache format version is not this coralrt's, or a member is not a regular
+The digests prove that an archive arrived as it was written, not who wrote it
+or from what its entries were compiled: anyone can write an archive with
+self-consistent digests.  What ties an entry to its source model is checked
+apart (:mod:`coralrt._compile.cache_origin`): at import against the inputs and
+outputs its record gives for the source model, at every load against the
+source model itself.
+
+Import (:mod:`coralrt._compile.cache_import`) never extracts to disk paths,
+unpickles or runs anything, and its memory does not grow with what the
+archive declares: members are streamed (:mod:`coralrt._compile.cache_tar`),
+an entry's data one chunk at a time, and only the manifest (at most
+:data:`MANIFEST_MAX` bytes) and one record (at most :data:`RECORD_MAX`) are
+held whole.  The whole archive is refused
+(:class:`~coralrt.errors.CacheArchiveError`, nothing stored) when it is not a
+tar file, is truncated, has anything but zero padding after its end, its
+first member is not the manifest or the manifest is larger than
+:data:`MANIFEST_MAX`, its archive or cache format version is not this
+coralrt's, an entry declares more data than the import's per-entry bound
+(:data:`ENTRY_MAX` unless raised), its entries declare more in all than the
+larger of that bound and the cache's size cap, or a member is not a regular
 file, has an absolute or ``..`` path, a name or position the manifest does
-not give it, a duplicate name, or a size other than the manifest's.  For
-that, the archive is read twice: first checked whole, then stored.  An entry
-whose data is larger than the cache's size cap, whose record is larger than
-:data:`RECORD_MAX`, whose data or record does not match its SHA-256, or whose
-record does not name the key, source and size the manifest gives is skipped
-and reported; the others are imported.
+not give it, a duplicate name, or a size other than the manifest's.  The size
+refusals come before any entry's data is read.  For the rest, the archive is
+read twice: first checked whole, then stored.  An entry whose data is larger
+than the cache's size cap, whose record is larger than :data:`RECORD_MAX`,
+whose data or record does not match its SHA-256, whose record does not name
+the key, source and size the manifest gives, or whose compiled model's inputs
+and outputs are not those its record gives for its source model is skipped and
+reported; the others are imported.
+
+Export refuses to write an archive that import would refuse for its own
+limits (a manifest or a record too large), saying what to do instead.
 """
 
 from __future__ import annotations
@@ -53,14 +71,17 @@ from coralrt.errors import CacheArchiveError
 from coralrt._fileio import atomic_write_with
 from coralrt._version import version
 
-__all__ = ["ARCHIVE_NAME", "ARCHIVE_VERSION", "MANIFEST_MAX", "RECORD_MAX", "MANIFEST",
-           "member_name", "describe", "export_cache"]
+__all__ = ["ARCHIVE_NAME", "ARCHIVE_VERSION", "ENTRY_MAX", "MANIFEST_MAX", "RECORD_MAX",
+           "MANIFEST", "member_name", "describe", "export_cache"]
 
 ARCHIVE_NAME = "coralrt-cache-archive"
 ARCHIVE_VERSION = 1
 MANIFEST = "manifest.json"
-MANIFEST_MAX = 16 << 20   # about 40,000 entries' worth
-RECORD_MAX = 16 << 20     # a record holds one line per operator: far below this
+# Parsed JSON takes up to about 33 times its text in memory (one empty object
+# per 3 bytes): these two bounds keep an import's peak far below 256 MiB.
+MANIFEST_MAX = 2 << 20    # about 600 bytes per entry: 3,500 entries
+RECORD_MAX = 1 << 20      # about 40 bytes per operator of the model: 25,000 operators
+ENTRY_MAX = 256 << 20     # the default bound on one entry's data (raise: --max-entry-bytes)
 _DESCRIPTION = ("compiler", "options", "compiler_url")
 
 
@@ -115,6 +136,8 @@ def export_cache(cache: CompileCache, file: str | os.PathLike,
         "coralrt_version": version(), "cache_format": CACHE_FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(), "machine": platform.machine(), "entries": described}
+    manifest_bytes = json.dumps(manifest, separators=(",", ":")).encode("utf-8")
+    _check_limits(manifest_bytes, described, cache.root)
     path = Path(file)
     gz = path.name.endswith((".tar.gz", ".tgz"))
     keys = {d["key"] for d in described}
@@ -126,7 +149,7 @@ def export_cache(cache: CompileCache, file: str | os.PathLike,
     def write(f) -> None:
         with tarfile.open(fileobj=f, mode="w:gz" if gz else "w", format=tarfile.USTAR_FORMAT,
                           **({"compresslevel": 6} if gz else {})) as tar:
-            _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"), time.time())
+            _add(tar, MANIFEST, manifest_bytes, time.time())
             # Second pass: the same entries with the same bytes, or the export fails.
             todo = iter(described)
             done, total = 0, sum(d["size"] for d in described)
@@ -155,6 +178,22 @@ def export_cache(cache: CompileCache, file: str | os.PathLike,
             "archive_bytes": path.stat().st_size,
             "entries": [{k: d[k] for k in ("key", "source", "size", "description")}
                         for d in described]}
+
+
+def _check_limits(manifest: bytes, described: list[dict], root) -> None:
+    """CacheArchiveError before writing an archive that import would refuse."""
+    for d in described:
+        if d["record_size"] > RECORD_MAX:
+            raise CacheArchiveError(
+                f"cannot export cache entry {d['key']} of {root}: its record is "
+                f"{d['record_size']:,} bytes, more than the {RECORD_MAX:,} bytes 'coralrt "
+                f"cache import' reads; export the other models")
+    if len(manifest) > MANIFEST_MAX:
+        raise CacheArchiveError(
+            f"cannot export {len(described):,} cache entries of {root} in one archive: its "
+            f"manifest would be {len(manifest):,} bytes, more than the {MANIFEST_MAX:,} bytes "
+            f"'coralrt cache import' reads; export fewer models per archive (coralrt cache "
+            f"export FILE MODEL...)")
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:

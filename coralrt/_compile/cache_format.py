@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 
 __all__ = ["CACHE_FORMAT_VERSION", "KEY_PATTERN", "RESERVED", "Entry", "canonical_json",
-           "check_source", "checksum", "make_key", "new_record"]
+           "check_source", "checksum", "make_key", "new_record", "record_of"]
 
 # 2: entries carry their key and source digest, covered by the CRC-32.  Entries
 # of older formats live in another folder (v1/) and are never read: misses.
@@ -93,6 +93,14 @@ def new_record(key: str, source: str, data: bytes, meta: dict, *,
     ``created`` (seconds since the epoch) is when the data was built; default
     now.  An imported entry keeps its original build time this way.
     """
+    data_crc32 = zlib.crc32(data)
+    return record_of(key, source, len(data), data_crc32, meta, created=created), data_crc32
+
+
+def record_of(key: str, source: str, size: int, data_crc32: int, meta: dict, *,
+              created: float | None = None) -> dict:
+    """The record of ``size`` bytes of data whose CRC-32 is ``data_crc32`` (data
+    streamed to a file rather than held in memory), as :func:`new_record`."""
     clash = [k for k in RESERVED if k in meta]
     if clash:
         raise ValueError(f"cache metadata may not set {', '.join(clash)}: coralrt "
@@ -103,10 +111,9 @@ def new_record(key: str, source: str, data: bytes, meta: dict, *,
           or not math.isfinite(created)):
         raise ValueError(f"created must be a finite number of seconds since the epoch, "
                          f"got {created!r}")
-    data_crc32 = zlib.crc32(data)
-    return {**meta, "key": key, "source": source, "size": len(data),
+    return {**meta, "key": key, "source": source, "size": size,
             "crc32": checksum(key, source, data_crc32), "created": float(created),
-            "format": CACHE_FORMAT_VERSION}, data_crc32
+            "format": CACHE_FORMAT_VERSION}
 
 
 @dataclass

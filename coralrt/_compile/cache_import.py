@@ -1,40 +1,72 @@
 """``coralrt cache import``: verify an archive of ``coralrt cache export`` and store its entries.
 
 The archive's layout and the refusal rules are in :mod:`coralrt._compile.cache_archive`'s
-docstring; this module reads it (twice: checked whole first, then stored) without
-extracting anything to disk, unpickling or running anything.
+docstring.  The archive is read front to back twice (:mod:`coralrt._compile.cache_tar`),
+without extracting anything to a path, unpickling or running anything, and in
+bounded memory: an entry's data is never held whole, only one chunk of it at a time.
+
+1. The check: the whole archive's structure, and each entry's digests,
+   computed as its data streams past.  Nothing is written.
+2. The store: each entry that passed, streamed into a temporary file next to
+   its place in the cache while its digests are computed again (the file may
+   have changed in between); its compiled model's inputs and outputs are
+   compared with those its record gives for its source model
+   (:mod:`coralrt._compile.cache_origin`); then the file is renamed into place
+   and the record written (:meth:`CompileCache.put_file`).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
+import mmap
 import os
-import tarfile
+import tempfile
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from coralrt._compile.cache import CompileCache
-from coralrt._compile.cache_archive import (ARCHIVE_NAME, ARCHIVE_VERSION, MANIFEST, MANIFEST_MAX,
-                                           RECORD_MAX, describe, member_name)
+from coralrt._compile.cache_archive import (ARCHIVE_NAME, ARCHIVE_VERSION, ENTRY_MAX, MANIFEST,
+                                           MANIFEST_MAX, RECORD_MAX, describe, member_name)
 from coralrt._compile.cache_format import CACHE_FORMAT_VERSION, KEY_PATTERN, RESERVED, checksum
+from coralrt._compile.cache_origin import check_io
+from coralrt._compile.cache_tar import TarStream
 from coralrt.errors import CacheArchiveError, ConfigError
 from coralrt._version import version
 
 __all__ = ["import_cache"]
-
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
-_TRAILER_MAX = 1 << 20    # zero blocks after the end of a tar (tar pads to 10 KiB records)
 
 
 class _Skip(Exception):
     """One entry of the archive fails verification: skipped, reported."""
 
 
-def import_cache(cache: CompileCache, file: str | os.PathLike) -> dict:
+class _Digests:
+    """SHA-256, CRC-32 and length of data seen chunk by chunk."""
+
+    def __init__(self):
+        self.sha256, self.crc32, self.size = hashlib.sha256(), 0, 0
+
+    def update(self, chunk: bytes) -> None:
+        self.sha256.update(chunk)
+        self.crc32 = zlib.crc32(chunk, self.crc32)
+        self.size += len(chunk)
+
+
+# A visitor gets (manifest entry, record bytes or None, the data's chunks or None).
+Visit = Callable[[dict, "bytes | None", "Iterator[bytes] | None"], None]
+
+
+def import_cache(cache: CompileCache, file: str | os.PathLike, *,
+                 max_entry_bytes: int | None = None) -> dict:
     """Store the entries of the archive ``file`` in ``cache`` (see the module docstring).
+
+    ``max_entry_bytes`` (default :data:`~coralrt._compile.cache_archive.ENTRY_MAX`)
+    is the largest entry the archive may declare; an archive declaring a
+    larger one is refused whole before any data is read.
 
     Returns the report: ``file``, ``directory``, ``archive`` (the manifest's
     ``coralrt_version``, ``created``, ``host``, ``machine``,
@@ -47,41 +79,52 @@ def import_cache(cache: CompileCache, file: str | os.PathLike) -> dict:
     if not cache.enabled:
         raise ConfigError(f"cannot import into the compile cache {cache.root}: it is disabled "
                           f"(CORALRT_CACHE); enable it first")
+    bound = ENTRY_MAX if max_entry_bytes is None else int(max_entry_bytes)
+    if bound < 0:
+        raise ValueError(f"max_entry_bytes must be a number of bytes, got {max_entry_bytes!r}")
     path = Path(file)
     cap = cache.max_bytes
     problems: dict[str, str] = {}
 
-    def check(entry: dict, record: bytes | None, data: bytes | None) -> None:
+    def check(entry: dict, record: bytes | None, data: Iterator[bytes] | None) -> None:
         try:
-            _verify(entry, record, data, cap)
+            digests = _Digests()
+            for chunk in _readable(entry, record, data, cap):
+                digests.update(chunk)
+            _verify(entry, record, digests)
         except _Skip as e:
             problems[entry["key"]] = str(e)
 
-    manifest = _read_archive(path, cap, check)
+    manifest = _read_archive(path, cap, bound, check)
     statuses: dict[str, str] = {}
     described: dict[str, dict] = {}   # from the verified records of the imported entries
+    first = {e["key"]: e for e in manifest["entries"]}
+    todo = {k for k in first if k not in problems}
 
-    def store(entry: dict, record: bytes | None, data: bytes | None) -> None:
+    def store(entry: dict, record: bytes | None, data: Iterator[bytes] | None) -> None:
         key, source = entry["key"], entry["source"]
-        if key in problems:
+        if key not in todo:
+            return
+        todo.discard(key)
+        if entry != first[key]:
+            problems[key] = "the archive changed while it was being imported"
             return
         try:
-            meta, created = _verify(entry, record, data, cap)
-        except _Skip as e:   # the file changed between the two readings
+            if cache.get(key, source=source) is not None:
+                statuses[key] = "present"
+                return
+            meta = _store(cache, entry, record, _readable(entry, record, data, cap))
+        except _Skip as e:   # the file changed between the two readings, or the origin check
             problems[key] = str(e)
             return
-        if cache.get(key, source=source) is not None:
-            statuses[key] = "present"
-            return
-        try:
-            cache.put(key, data, meta, source=source, created=created)
         except (OSError, ValueError) as e:
             problems[key] = f"cannot store it: {e}"
             return
         statuses[key] = "imported"
         described[key] = describe(meta)
 
-    _read_archive(path, cap, store)
+    if todo:
+        _read_archive(path, cap, bound, store, until=lambda: not todo)
     evicted = cache.evict() if statuses else 0
     entries = []
     for e in manifest["entries"]:
@@ -103,18 +146,61 @@ def import_cache(cache: CompileCache, file: str | os.PathLike) -> dict:
             **count, "evicted": evicted, "entries": entries}
 
 
-def _verify(entry: dict, record_bytes: bytes | None, data: bytes | None,
-            cap: int) -> tuple[dict, float]:
-    """``(meta for put, created)`` of a manifest entry, or :class:`_Skip` saying why not."""
-    key, source = entry["key"], entry["source"]
+def _readable(entry: dict, record: bytes | None, data: Iterator[bytes] | None,
+              cap: int) -> Iterator[bytes]:
+    """``data``, or :class:`_Skip` for an entry that is not read."""
     if entry["size"] > cap:
         raise _Skip(f"its data is {entry['size']:,} bytes, more than the cache's size cap "
                     f"({cap:,} bytes, CORALRT_CACHE_MAX_BYTES)")
-    if entry["record_size"] > RECORD_MAX:
+    if record is None:
         raise _Skip(f"its record is {entry['record_size']:,} bytes, more than the "
                     f"{RECORD_MAX:,} bytes a record may have")
-    assert record_bytes is not None and data is not None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    assert data is not None
+    return data
+
+
+def _store(cache: CompileCache, entry: dict, record: bytes, data: Iterator[bytes]) -> dict:
+    """Stream ``data`` into a temporary file in the cache, verify it and put it in
+    place; the meta stored, or :class:`_Skip` (nothing stored)."""
+    key = entry["key"]
+    folder = cache.path / key[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.bin.", suffix=".tmp")
+    try:
+        digests = _Digests()
+        with open(fd, "wb") as f:
+            for chunk in data:
+                digests.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        meta, created = _verify(entry, record, digests)
+        problem = _origin_problem(tmp, meta)
+        if problem is not None:
+            raise _Skip(problem)
+        cache.put_file(key, Path(tmp), meta, source=entry["source"], created=created,
+                       data_crc32=digests.crc32)
+        return meta
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass   # renamed into place
+
+
+def _origin_problem(file: str, record: dict) -> str | None:
+    """check_io over the staged data, memory-mapped: only the pages it reads count."""
+    with open(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return check_io(b"", record)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return check_io(m, record)
+
+
+def _verify(entry: dict, record_bytes: bytes, data: _Digests) -> tuple[dict, float]:
+    """``(meta for put, created)`` of a manifest entry, or :class:`_Skip` saying why not."""
+    key, source = entry["key"], entry["source"]
+    if data.sha256.hexdigest() != entry["sha256"]:
         raise _Skip("its data does not match its SHA-256 in the manifest")
     if hashlib.sha256(record_bytes).hexdigest() != entry["record_sha256"]:
         raise _Skip("its record does not match its SHA-256 in the manifest")
@@ -124,12 +210,12 @@ def _verify(entry: dict, record_bytes: bytes | None, data: bytes | None,
         raise _Skip(f"its record is not JSON ({e})") from None
     if not isinstance(record, dict):
         raise _Skip("its record is not a JSON object")
-    for name, want in (("key", key), ("source", source), ("size", len(data)),
+    for name, want in (("key", key), ("source", source), ("size", data.size),
                        ("format", CACHE_FORMAT_VERSION)):
         if record.get(name) != want:
             raise _Skip(f"its record says {name} {record.get(name)!r}, the manifest and "
                         f"data say {want!r}")
-    if record.get("crc32") != checksum(key, source, zlib.crc32(data)):
+    if record.get("crc32") != checksum(key, source, data.crc32):
         raise _Skip("its record's CRC-32 does not match the data")
     created = record.get("created")
     if isinstance(created, bool) or not isinstance(created, (int, float)) \
@@ -138,30 +224,25 @@ def _verify(entry: dict, record_bytes: bytes | None, data: bytes | None,
     return {k: v for k, v in record.items() if k not in RESERVED}, float(created)
 
 
-def _read_archive(path: Path, cap: int,
-                  visit: Callable[[dict, bytes | None, bytes | None], None]) -> dict:
-    """Check the archive's structure and call ``visit(manifest entry, record,
-    data)`` for each entry (None for a member too large to read); returns
+def _read_archive(path: Path, cap: int, bound: int, visit: Visit,
+                  until: Callable[[], bool] | None = None) -> dict:
+    """Check the archive's structure and call ``visit`` for each entry; returns
     the manifest.  Raises CacheArchiveError for anything that refuses the
-    whole archive, before or after some visits."""
-    with open(path, "rb") as f:   # a missing file is the OSError it is
-        gz = f.read(2) == b"\x1f\x8b"
-        f.seek(0)
+    whole archive, before or after some visits.  ``until()``: stop reading as
+    soon as it returns True after a visit (the structure was checked before)."""
+    with open(path, "rb") as raw:   # a missing file is the OSError it is
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
         try:
-            with tarfile.open(fileobj=f, mode="r:gz" if gz else "r:") as tar:
-                manifest = _read_members(path, tar, cap, visit)
-                if gz:   # the gzip trailer (CRC-32, length) must be there and right
-                    rest = 0
-                    while chunk := tar.fileobj.read(1 << 16):
-                        rest += len(chunk)
-                        if rest > _TRAILER_MAX or chunk.count(0) != len(chunk):
-                            raise CacheArchiveError(f"{path}: unexpected data after the "
-                                                    f"end of the archive")
-                return manifest
-        except (tarfile.TarError, EOFError, zlib.error) as e:
-            what = "gzip-compressed tar" if gz else "tar"
-            raise CacheArchiveError(f"{path} is not a readable {what} archive, or it is "
-                                    f"truncated or damaged ({e})") from None
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            tar = TarStream(f, path)
+            manifest = _read_members(tar, cap, bound, visit, until)
+            if until is None:
+                tar.finish()
+            return manifest
+        except (EOFError, zlib.error) as e:
+            raise CacheArchiveError(f"{path} is not a readable gzip-compressed tar archive, "
+                                    f"or it is truncated or damaged ({e})") from None
         except OSError as e:
             if not gz or getattr(e, "errno", None) is not None:
                 raise
@@ -169,12 +250,12 @@ def _read_archive(path: Path, cap: int,
                                     f"it is truncated or damaged ({e})") from None
 
 
-def _read_members(path: Path, tar: tarfile.TarFile, cap: int, visit) -> dict:
-    members = iter(tar)
+def _read_members(tar: TarStream, cap: int, bound: int, visit: Visit, until) -> dict:
+    path = tar.path
     seen: set[str] = set()
 
-    def next_member(expected: str) -> tarfile.TarInfo:
-        m = next(members, None)
+    def next_member(expected: str, size: int | None):
+        m = tar.next()
         if m is None:
             raise CacheArchiveError(f"{path} is truncated or incomplete: it ends where "
                                     f"{expected} should be")
@@ -182,12 +263,6 @@ def _read_members(path: Path, tar: tarfile.TarFile, cap: int, visit) -> dict:
         if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/"):
             raise CacheArchiveError(f"{path}: member {name!r} has an unsafe path "
                                     f"(absolute or with '..'); refusing the archive")
-        if m.type not in _REGULAR:
-            kind = ("a symbolic link" if m.issym() else "a hard link" if m.islnk() else
-                    "a directory" if m.isdir() else "a device" if m.isdev() else
-                    f"of tar type {m.type!r}")
-            raise CacheArchiveError(f"{path}: member {name!r} is {kind}; a cache archive "
-                                    f"holds regular files only; refusing the archive")
         if name in seen:
             raise CacheArchiveError(f"{path}: member {name!r} appears twice; refusing the "
                                     f"archive")
@@ -195,39 +270,57 @@ def _read_members(path: Path, tar: tarfile.TarFile, cap: int, visit) -> dict:
         if name != expected:
             raise CacheArchiveError(f"{path}: unexpected member {name!r} where {expected} "
                                     f"should be; refusing the archive")
+        if size is not None and m.size != size:
+            raise CacheArchiveError(f"{path}: member {name} is {m.size:,} bytes, the "
+                                    f"manifest says {size:,}; refusing the archive")
         return m
 
-    def read(m: tarfile.TarInfo, size: int) -> bytes:
-        if m.size != size:
-            raise CacheArchiveError(f"{path}: member {m.name} is {m.size:,} bytes, the "
-                                    f"manifest says {size:,}; refusing the archive")
-        data = tar.extractfile(m).read(size + 1)
-        if len(data) != size:
-            raise CacheArchiveError(f"{path} is truncated: member {m.name} ends after "
-                                    f"{len(data):,} of {size:,} bytes")
-        return data
-
-    first = next_member(MANIFEST)
+    first = next_member(MANIFEST, None)
     if first.size > MANIFEST_MAX:
         raise CacheArchiveError(f"{path}: {MANIFEST} is {first.size:,} bytes, more than "
                                 f"the {MANIFEST_MAX:,} a manifest may have")
-    manifest = _parse_manifest(path, read(first, first.size))
+    manifest = _parse_manifest(path, tar.read(MANIFEST))
+    _check_sizes(path, manifest["entries"], cap, bound)
     for entry in manifest["entries"]:
         key = entry["key"]
-        m = next_member(member_name(key, ".json"))
-        record = read(m, entry["record_size"]) if entry["record_size"] <= RECORD_MAX else None
-        if record is None and m.size != entry["record_size"]:
-            read(m, entry["record_size"])   # the size mismatch refuses the archive
-        m = next_member(member_name(key, ".bin"))
-        data = read(m, entry["size"]) if entry["size"] <= cap else None
-        if data is None and m.size != entry["size"]:
-            read(m, entry["size"])
+        name = member_name(key, ".json")
+        next_member(name, entry["record_size"])
+        record = tar.read(name) if entry["record_size"] <= RECORD_MAX else None
+        if record is None:
+            tar.skip(name)
+        name = member_name(key, ".bin")
+        next_member(name, entry["size"])
+        data = tar.chunks(name)
         visit(entry, record, data)
-    extra = next(members, None)
+        for _ in data:   # what the visitor did not read
+            pass
+        if until is not None and until():
+            return manifest
+    extra = tar.next()
     if extra is not None:
         raise CacheArchiveError(f"{path}: unexpected member {extra.name!r} after the last "
                                 f"entry the manifest lists; refusing the archive")
     return manifest
+
+
+def _check_sizes(path: Path, entries: list[dict], cap: int, bound: int) -> None:
+    """Refuse an archive declaring more than an import reads, before reading it."""
+    for e in entries:
+        if e["size"] > bound:
+            raise CacheArchiveError(
+                f"{path}: entry {e['key']} declares {e['size']:,} bytes of data, more than "
+                f"the {bound:,} bytes an imported entry may have; refusing the archive "
+                f"before reading it (to import larger entries, raise the limit with "
+                f"'coralrt cache import --max-entry-bytes SIZE')")
+    total = sum(e["size"] + e["record_size"] for e in entries)
+    limit = max(cap, bound)
+    if total > limit:
+        raise CacheArchiveError(
+            f"{path}: its entries declare {total:,} bytes in all, more than the {limit:,} "
+            f"bytes an import reads (the larger of the cache's size cap, "
+            f"CORALRT_CACHE_MAX_BYTES, and the largest entry it accepts, --max-entry-bytes); "
+            f"refusing the archive before reading it (import fewer models at a time, or "
+            f"raise the cap)")
 
 
 def _parse_manifest(path: Path, text: bytes) -> dict:

@@ -7,8 +7,10 @@ key covers the model bytes, the partition options, the compiler's id and
 version and the cache format, so changing any of them compiles again.
 
 A cached entry is used only if it is the build of this key and this model
-(checked by the cache), its compiled model loads, and every coralrt segment
-in it has an intact header and the body its header's CRC-32 describes;
+(checked by the cache), its compiled model loads, has the source model's
+inputs and outputs (:mod:`coralrt._compile.cache_origin`: an entry whose
+digests were forged to match is caught here), and every coralrt segment in
+it has an intact header and the body its header's CRC-32 describes;
 otherwise it is logged, removed and rebuilt, so that a bad entry never stays
 in the cache failing every session.  The segment check costs no second pass
 over the segment bytes (see ``_segment_problem``).
@@ -26,6 +28,7 @@ import numpy as np
 
 from coralrt._compile.base import Compiler, as_compiler
 from coralrt._compile.cache import CompileCache, Entry, make_key
+from coralrt._compile.cache_origin import RECORD_FIELD, io_problem, model_io, source_io
 from coralrt._compile.digest import model_digest
 from coralrt._compile.segments import compile_model
 from coralrt._compile.rewrite.base import cache_options, run_rewrites
@@ -113,7 +116,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: Compiler | None = None
                      "compiler_id": compiler.id, "compiler_version": compiler.version,
                      "device_kinds": sorted(compiler.runs_on),
                      "build_seconds": time.perf_counter() - t0,
-                     "summary": result.plan.summary,
+                     "summary": result.plan.summary, RECORD_FIELD: model_io(model),
                      "placement": [[o.unit, o.segment, o.reason] for o in result.plan.ops],
                      "rewrites": rewritten.lines()}
 
@@ -123,7 +126,8 @@ def jit_compile(source, *, mode: str = "multi", compiler: Compiler | None = None
     for _ in range(2):
         count = len(built)
         entry, hit = cache.get_or_build(key, build, source=digest)
-        compiled = built[-1] if len(built) > count else _cached_model(entry, key, cache)
+        compiled = built[-1] if len(built) > count else _cached_model(
+            entry, key, cache, lambda: source_io(source, data, model))
         if compiled is not None:
             break
     else:
@@ -154,7 +158,7 @@ def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
     cache = cache if cache is not None else CompileCache()
     if not cache.enabled:
         return None
-    digest, _ = _digest(source, cache)
+    digest, data = _digest(source, cache)
     options = _options(mode, rules_fingerprint, rewrites)
 
     def accept(meta: dict) -> bool:
@@ -167,7 +171,7 @@ def jit_lookup(source, *, device_kind: str, mode: str = "multi", cache=None,
     if entry is None:
         return None
     key = entry.meta["key"]
-    compiled = _cached_model(entry, key, cache)
+    compiled = _cached_model(entry, key, cache, lambda: source_io(source, data))
     if compiled is None:
         return None
     log.info("compiled model found in the cache (%s, built by %s)", key[:12],
@@ -209,9 +213,11 @@ def _info(entry: Entry, hit: bool, start: float, key: str, mode: str,
     }
 
 
-def _cached_model(entry: Entry, key: str, cache: CompileCache) -> Model | None:
+def _cached_model(entry: Entry, key: str, cache: CompileCache, interface) -> Model | None:
     """The compiled model of a cache hit, or None after removing an entry that
-    a broken build wrote (the cache verified its bytes, not their meaning)."""
+    a broken build wrote or that was compiled from another model (the cache
+    verified its bytes, not their meaning).  ``interface()`` is the source
+    model's inputs and outputs (cache_origin.source_io)."""
     meta = entry.meta
     placement = meta.get("placement")
     # The entry's checksum covers its data, key and source, not this description
@@ -226,7 +232,11 @@ def _cached_model(entry: Entry, key: str, cache: CompileCache) -> Model | None:
         except ModelError as e:
             problem = f"its compiled model does not load ({e})"
         else:
-            problem = _segment_problem(compiled, entry)
+            problem = io_problem(model_io(compiled), interface())
+            if problem is not None:
+                problem = f"it was not compiled from this model: {problem}"
+            else:
+                problem = _segment_problem(compiled, entry)
             if problem is None:
                 return compiled
     cache.invalidate(key, problem)
