@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
@@ -21,6 +22,7 @@ from coralrt._model import Model, load_model
 from coralrt._model.entry import with_entry
 from coralrt._model.types import SignatureDef
 from coralrt.plugins._host import plugin_host
+from coralrt._runtime.closing import Gate
 from coralrt._runtime.feeds import order_feed, pick, unique_names
 from coralrt._runtime.worker import Requests
 from coralrt._targets import SessionOptions
@@ -92,6 +94,8 @@ class InferenceSession:
             options, driver=driver if targets.registry.reaches_stick(target) else None)
         self._pipelined = isinstance(device, (list, tuple))
         self._signature_sessions: dict[str, InferenceSession] = {}
+        self._gate = Gate()           # requests in progress, which close waits for
+        self._close_lock = threading.Lock()
         prepared = targets.prepare(target, model, loading, parsed)
         self.model, self._program = prepared.model, prepared.program
         self.compile_info = prepared.compile_info
@@ -214,10 +218,14 @@ class InferenceSession:
         return list(result.values())
 
     def _run(self, inputs, outputs, signature, timeout=None) -> dict[str, np.ndarray]:
-        if signature is not None:
-            return self._run_signature(signature, inputs, outputs, timeout)
-        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
-        results = self._requests.run(arrays, timeout)
+        gate = self._gate
+        with gate.held():           # close waits for this request before closing sticks
+            gate.check()
+            if signature is not None:
+                return self._run_signature(signature, inputs, outputs, timeout)
+            arrays = [self._check(info, value)
+                      for info, value in zip(self._inputs, self._order(inputs))]
+            results = self._requests.run(arrays, timeout)
         return results if outputs is None else pick(results, outputs, self._output_names)
 
     # -- signatures -------------------------------------------------------------
@@ -243,6 +251,7 @@ class InferenceSession:
         indices in that session's main subgraph.  A signature of subgraph 0 is
         this session; another subgraph gets its own session, created on first
         use with this session's target, settings and stick(s)."""
+        self._gate.check()
         sigs = {s.key: s for s in self.source_model.signatures}
         sig = sigs.get(key)
         if sig is None:
@@ -291,8 +300,12 @@ class InferenceSession:
         arrays of its own, never buffers a later request reuses.  Keep the
         arrays passed in unchanged until the future is done.
         """
-        arrays = [self._check(info, value) for info, value in zip(self._inputs, self._order(inputs))]
-        return self._requests.submit(arrays, block=block, timeout=timeout)
+        gate = self._gate
+        with gate.held():
+            gate.check()
+            arrays = [self._check(info, value)
+                      for info, value in zip(self._inputs, self._order(inputs))]
+            return self._requests.submit(arrays, block=block, timeout=timeout)
 
     def reset(self) -> None:
         """Bring every stick of this session back in step with the host: reset it
@@ -308,23 +321,33 @@ class InferenceSession:
         back (unplugged, closed); a stick left out of step tries again on the
         next ``run``.
         """
-        with self._program.lock:        # not in the middle of this session's run
+        gate = self._gate
+        with gate.held(), self._program.lock:   # not in the middle of this session's run
+            gate.check()
             for device in self.devices:
                 device.reset()
             self._program.after_reset()
 
     def close(self, cancel: bool = False) -> None:
         """Finish the submitted requests (``cancel=True``: cancel those not started;
-        their futures are cancelled), stop the worker threads and a pipeline,
-        and close the sticks this session opened.  Idempotent; ``run`` and
-        ``submit`` then raise :class:`~coralrt.errors.SessionClosedError`."""
-        for session in self._signature_sessions.values():
-            session.close(cancel)
-        self._requests.close(cancel=cancel)
-        self._program.close()
-        for device in self._owned:
-            device.close()
-        self._owned = []
+        their futures are cancelled, and a ``run(..., timeout=...)`` waiting for
+        one raises :class:`~coralrt.errors.SessionClosedError`), wait for the
+        requests running in callers' threads, stop the worker threads and a
+        pipeline, and close the sticks this session opened.  A request is
+        never cut short by a close: it returns its outputs, or, if it had not
+        started, raises SessionClosedError.  Idempotent; ``run``, ``submit``
+        and ``reset`` then raise :class:`~coralrt.errors.SessionClosedError`."""
+        self._gate.close()                  # from here on, new requests are refused
+        with self._close_lock:              # a second caller waits for the first close
+            self._requests.close(cancel=cancel)
+            self._gate.wait()               # requests running in callers' threads
+            for session in list(self._signature_sessions.values()):
+                session.close(cancel)
+            self._requests.release()
+            self._program.close()
+            for device in self._owned:
+                device.close()
+            self._owned = []
 
     def __enter__(self):
         return self

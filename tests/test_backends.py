@@ -197,7 +197,7 @@ def test_resize_rejects_fixed_dims(backend):
     program = backend.load(shared_model("hello_world_int8.tflite").read_bytes())
     x = random_inputs(program.input_details)
     before = program.run(x)
-    for bad in ([(4, 2)], [(4, 1, 1)], [(0, 1)], [(1, 1), (1, 1)]):
+    for bad in ([(4, 2)], [(4, 1, 1)], [(1, 1), (1, 1)]):
         with pytest.raises(InputError):
             program.resize_inputs(bad)
     assert tuple(program.input_details[0]["shape"]) == (1, 1)

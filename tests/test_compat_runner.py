@@ -104,15 +104,21 @@ DETECTOR = """\
             class_ids = self.interpreter.tensor(out[1]["index"])()[0]
             scores = self.interpreter.tensor(out[2]["index"])()[0]
             count = int(self.interpreter.tensor(out[3]["index"])()[0])
-            return boxes, class_ids, scores, count
+            assert boxes.shape[-1] == 4 and 0 <= count <= len(scores)
+            # Copied out, as Frigate does: arrays from tensor() held across the next
+            # invoke() make tflite_runtime (and coralrt) raise RuntimeError.
+            detections = np.zeros((20, 6), np.float32)
+            for i in range(min(count, 20)):
+                detections[i] = [class_ids[i], scores[i], *boxes[i]]
+            return detections, count
 
     detector = EdgeTpuTfl(sys.argv[1], {"device": "usb"})
     rng = np.random.default_rng(0)
     for frame in range(3):
         frame_tensors = [rng.integers(0, 256, d["shape"], dtype=np.uint8)
                          for d in detector.tensor_input_details]
-        boxes, class_ids, scores, count = detector.detect_raw(frame_tensors)
-        assert boxes.shape[-1] == 4 and 0 <= count <= len(scores)
+        detections, count = detector.detect_raw(frame_tensors)
+        scores = detections[:count, 1]
         assert np.all((scores >= 0) & (scores <= 1))
         print(f"frame {frame}: {count} detections, top score {float(scores.max()):.3f}")
 """

@@ -219,7 +219,7 @@ class LiteRTProgram(CpuProgram):
         for det, shape in zip(self.input_details, shapes):
             sig = tuple(int(d) for d in det.get("shape_signature", det["shape"]))
             ok = len(shape) == len(sig) and all(
-                s > 0 and (g == -1 or s == g) for s, g in zip(shape, sig)
+                s >= 0 and (g == -1 or s == g) for s, g in zip(shape, sig)
             )
             if not ok:
                 raise InputError(

@@ -9,8 +9,10 @@ object with ``--json``) and, with ``--save``, drawn on the image.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
+import warnings
 
 from coralrt._cli._text import dumps, json_num, table
 from coralrt.vision import (
@@ -18,6 +20,7 @@ from coralrt.vision import (
     guess_task, keypoints_from_output, read_labels, run_image, segmentation_from_output,
 )
 from coralrt.vision._classify import score_output
+from coralrt.vision._imaging import DEFAULT_MAX_IMAGE_PIXELS
 from coralrt.vision._pose import pose_output
 from coralrt.vision._segment import segmentation_output
 
@@ -39,9 +42,23 @@ def add_arguments(p) -> None:
                    help="with --image, classify: how many classes to print (default: 5)")
     p.add_argument("--fit", choices=FITS, default="stretch",
                    help="with --image: how the image fits the input (default: stretch)")
+    p.add_argument("--max-image-pixels", type=_pixels, default=None, metavar="N",
+                   help=f"with --image: decode the image only if its header declares at "
+                        f"most N pixels (width x height; default: "
+                        f"{DEFAULT_MAX_IMAGE_PIXELS}); raise it for a larger trusted image")
     p.add_argument("--save", metavar="OUT.png",
                    help="with --image: draw the result on the image and write it "
                         "(PNG or JPEG, by suffix)")
+
+
+def _pixels(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of pixels: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _result(task: str, sess, outputs: dict, placement, labels, args, threshold: float):
@@ -73,7 +90,13 @@ def _items(task: str, result, threshold: float) -> dict:
 
 def image_command(args, sess) -> int:
     """Run ``sess`` on ``args.image`` and print (or draw) the result."""
-    pixels = as_rgb_array(args.image)   # a missing or unreadable file fails here, clearly
+    with warnings.catch_warnings():
+        # Pillow warns of a possible decompression bomb from its own size limit on,
+        # a size coralrt refuses by default (InputError, one line) or was told to accept.
+        warnings.simplefilter("ignore", getattr(_pil_image(), "DecompressionBombWarning",
+                                                Warning))
+        # A missing, unreadable or oversized file fails here, clearly, before decoding.
+        pixels = as_rgb_array(args.image, max_pixels=args.max_image_pixels)
     labels = read_labels(args.labels) if args.labels else None
     task = guess_task(sess) if args.task == "auto" else args.task
     threshold = DEFAULT_THRESHOLD[task] if args.threshold is None else args.threshold
@@ -92,6 +115,14 @@ def image_command(args, sess) -> int:
         report["saved"] = str(args.save)
     print(dumps(report) if args.json else format_report(report))
     return 0
+
+
+def _pil_image():
+    try:
+        from PIL import Image
+    except ImportError:
+        return None         # as_rgb_array says what to install
+    return Image
 
 
 def format_report(r: dict) -> str:

@@ -8,6 +8,7 @@ the one :class:`~coralrt._runtime.program.Program` protocol a session drives
 worker threads of ``stages.py``; ``replicate.py`` loads the whole program on
 each of several sticks and runs each request on a free one; ``worker.py`` is
 a session's request queue and worker threads (``submit``, run timeouts);
+``closing.py`` the requests in progress that a session's ``close`` waits for;
 ``feeds.py`` orders a request's inputs and picks its outputs.  Nothing here knows
 which device, compiler or CPU backend it is given.
 """

@@ -40,6 +40,7 @@ from coralrt.errors import (
     ConfigError, CoralRTError, InferenceError, InferenceTimeoutError, QueueFullError,
     SessionClosedError,
 )
+from coralrt._runtime.closing import closed_under
 from coralrt._runtime.interrupt import RequestTimedOut, Window as _Window, interruptible
 from coralrt._runtime.interrupt import local as _local
 from coralrt._runtime.stages import STOP, Inbox
@@ -118,6 +119,9 @@ class RequestQueue:
         self._windows: list[_Window] = []
         self.closed = False
         self._closing = False
+        # The session is closing its program and sticks: what fails from now on
+        # failed because of that (the session was closed from inside a request).
+        self.released = False
         self.broken: BaseException | None = None
 
     # -- callers ----------------------------------------------------------------------
@@ -223,7 +227,8 @@ class RequestQueue:
             try:
                 inner = self._runner(job.inputs)   # blocks while the pipeline is full
             except Exception as e:  # noqa: BLE001 - a closed or broken pipeline
-                job.finish(error=e if isinstance(e, CoralRTError) else InferenceError(str(e)))
+                job.finish(error=closed_under(e) if self.released else
+                           e if isinstance(e, CoralRTError) else InferenceError(str(e)))
                 return
             inner.add_done_callback(lambda f: self._chain(job, f))
             return
@@ -242,7 +247,7 @@ class RequestQueue:
     def _chain(self, job: Job, inner: Future) -> None:
         error = inner.exception()
         if error is not None:
-            job.finish(error=error)
+            job.finish(error=closed_under(error) if self.released else error)
         else:
             job.finish(self._convert(inner.result()))
 
@@ -272,14 +277,19 @@ class RequestQueue:
                 except queue.Empty:
                     break
                 if job is not STOP:
-                    job.future.cancel()
-                    job.finish()
+                    job.future.cancel()     # a submit()'s future: cancelled
+                    # a run(timeout=...) waiting for it: SessionClosedError
+                    job.finish(error=SessionClosedError(
+                        "the session was closed with cancel=True before this request "
+                        "started; nothing was run"))
         for _ in self._threads:
             self._inbox.force(STOP)
         deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.current_thread()
         for t in self._threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in self._threads if t.is_alive()]
+            if t is not me:     # closed from a future's callback in a worker
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive() and t is not me]
         if alive:
             log.warning("session workers still running after close: %s", ", ".join(alive))
 
@@ -329,7 +339,12 @@ class Requests:
                     program.resize_inputs(shapes)
                     self._shapes = shapes
             with interruptible():
-                return program.run(arrays)
+                try:
+                    return program.run(arrays)
+                except Exception as e:
+                    if self.queue.released:    # closed from inside this very request
+                        raise closed_under(e) from e
+                    raise
 
     def run(self, arrays: list, timeout: float | None = None) -> dict:
         """Outputs of one request; with ``timeout``, InferenceTimeoutError past it."""
@@ -352,12 +367,20 @@ class Requests:
                 f"next request", timeout=timeout)
         if job.error is not None:
             raise job.error
+        if job.result is None:      # its future was cancelled
+            raise SessionClosedError("the session was closed before this request started; "
+                                     "nothing was run")
         return job.result
 
     def submit(self, arrays: list, *, block: bool = True, timeout: float | None = None) -> Future:
         job = Job(arrays)
         self.queue.put(job, block=block, timeout=timeout)
         return job.future
+
+    def release(self) -> None:
+        """The session closes its program and sticks now: a request still running
+        (one that closed its own session) fails with SessionClosedError."""
+        self.queue.released = True
 
     def close(self, *, cancel: bool = False) -> None:
         self.queue.close(cancel=cancel)

@@ -9,8 +9,15 @@ delegate's ``device``.
 
 coralrt keeps the model's inputs and outputs only: reading an intermediate
 tensor raises ``ValueError`` (tflite_runtime returns it, with
-``experimental_preserve_all_tensors=True``), and only the ``-1`` dimensions
-of an input's ``shape_signature`` can be resized.
+``experimental_preserve_all_tensors=True``).
+
+As in tflite_runtime, ``allocate_tensors()``, ``invoke()`` and
+``resize_tensor_input()`` raise ``RuntimeError`` while an array returned by
+``tensor(i)()`` (or a view of it) is still referenced
+(:mod:`coralrt.tflite._memory`), and a non-strict resize may change any
+dimension of an input: on the ``cpu`` target the model then runs with those
+dimensions made dynamic; elsewhere (Edge TPU programs have fixed shapes),
+and for a change of rank, ``allocate_tensors()`` raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ import operator
 import numpy as np
 
 from coralrt import _config as config
-from coralrt._model.types import TYPE_NAMES, Tensor
 from coralrt._session import InferenceSession
 from coralrt._tensors import check_input
 from coralrt._tensors import tensor_infos
+from coralrt.errors import CoralRTError
 from coralrt.tflite._delegate import EdgeTpuDelegate, load_delegate
+from coralrt.tflite._details import tensor_details
+from coralrt.tflite._memory import fixed_changes, held_elsewhere, widened
+from coralrt.tflite._signature import SignatureRunner
 
 __all__ = ["Interpreter", "SignatureRunner", "OpResolverType", "load_delegate",
            "EdgeTpuDelegate", "tensor_details"]
@@ -40,7 +50,6 @@ _IGNORED = frozenset({"experimental_disable_delegate_clustering",
                       "experimental_compress_quantization_zero_points",
                       "experimental_disable_delegate_node_fusion",
                       "experimental_force_delegate_node_profiling"})
-_OTHER_TYPES = {"STRING": np.bytes_}
 _NULL = "Tensor data is null. Run allocate_tensors() first"
 
 
@@ -56,29 +65,6 @@ class OpResolverType(enum.Enum):
 
 _KERNELS = {"AUTO": "optimized", "BUILTIN": "optimized", "BUILTIN_REF": "reference",
             "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "builtin"}
-
-
-def tensor_details(t: Tensor, index: int, shape=None) -> dict:
-    """tflite_runtime's detail dict of tensor ``t`` (``shape``: its current shape)."""
-    shape = t.shape if shape is None else tuple(shape)
-    q = t.quantization
-    dtype = t.dtype.type if t.dtype is not None else _OTHER_TYPES.get(
-        TYPE_NAMES.get(t.type, ""), np.object_)
-    return {
-        "name": t.name,
-        "index": int(index),
-        "shape": np.array(shape, np.int32),
-        "shape_signature": np.array(t.shape_signature or shape, np.int32),
-        "dtype": dtype,
-        "quantization": q.params if q is not None else (0.0, 0),
-        "quantization_parameters": {
-            "scales": np.asarray(q.scale if q is not None else [], np.float32),
-            "zero_points": np.asarray(q.zero_point if q is not None else [], np.int32),
-            "quantized_dimension": int(q.quantized_dimension) if q is not None else 0,
-            "block_size": 0,
-        },
-        "sparsity_parameters": {},
-    }
 
 
 def _stick_present() -> bool:
@@ -153,13 +139,17 @@ class Interpreter:
                           if i.shape != main.tensors[i.index].shape}
         self._buffers: dict[int, np.ndarray] | None = None
         self._signature_defs = self.get_signature_list()
+        # What runs invoke(): the session, or one of the model with the input
+        # dimensions a resize changed made dynamic (``_widened``: input -> dims).
+        self._runner = self._session
+        self._widened: dict[int, set[int]] = {}
 
     # -- description --------------------------------------------------------------
 
     @property
     def session(self) -> InferenceSession:
         """The coralrt session that runs the model (its ``target``, ``profile()`` ...)."""
-        return self._session
+        return self._runner
 
     def _index(self, tensor_index) -> int:
         i = operator.index(tensor_index)       # TypeError for str and float, as LiteRT
@@ -210,6 +200,7 @@ class Interpreter:
     # -- tensors ------------------------------------------------------------------
 
     def allocate_tensors(self) -> None:
+        self._ensure_safe()
         old = self._buffers or {}
         for i, shape in self._inferred.items():
             if self._shapes[i] == self._main.tensors[i].shape:
@@ -219,7 +210,13 @@ class Interpreter:
             # Resized: the output shapes follow from the inputs; a run with zeros
             # finds them (stateless models only, since a run changes state).
             zeros = [np.zeros(self._shapes[i.index], i.dtype) for i in self._infos]
-            for i, value in zip(self._main.outputs, self._session.run(zeros).values()):
+            try:
+                results = self._run(zeros)
+            except (CoralRTError, RuntimeError) as e:
+                self._buffers = None    # not ready, as LiteRT after a failed allocation
+                raise RuntimeError(f"allocate_tensors: the model cannot run with the input "
+                                   f"shapes {[list(z.shape) for z in zeros]}: {e}") from e
+            for i, value in zip(self._main.outputs, results.values()):
                 self._shapes[i] = value.shape
         buffers = {}
         for i in (*self._main.inputs, *self._main.outputs):
@@ -272,33 +269,88 @@ class Interpreter:
         return lambda: self._buffer(self._index(tensor_index))
 
     def resize_tensor_input(self, input_index, tensor_size, strict: bool = False) -> None:
-        """New shape of an input; only its ``-1`` dimensions may change (with or
-        without ``strict``).  Takes effect at the next ``allocate_tensors()``."""
+        """New shape of an input, taking effect at the next ``allocate_tensors()``.
+        With ``strict`` only its ``-1`` dimensions may change (RuntimeError
+        otherwise); without, any dimension may (zero included), as in LiteRT."""
+        self._ensure_safe()
         i = self._index(input_index)
         if i not in self._in:
             raise ValueError(f"tensor {i} ({self._main.tensors[i].name!r}) is not an input "
                              f"of the model; only inputs can be resized")
-        shape = tuple(int(d) for d in np.array(tensor_size, np.int32).reshape(-1))
+        size = np.array(tensor_size, np.int32)
+        if size.ndim != 1:
+            raise ValueError(f"a shape is a list of dimensions, got an array of "
+                             f"{size.ndim} dimensions: {size.tolist()}")
+        shape = tuple(int(d) for d in size)
+        name = self._main.tensors[i].name
+        if any(d < 0 for d in shape):
+            raise RuntimeError(f"cannot resize input {i} ({name!r}) to {list(shape)}: a "
+                               f"dimension is negative")
         sig = self._infos[self._in[i]].shape_signature
-        fixed = [d for d, (new, old) in enumerate(zip(shape, sig)) if old != -1 and new != old]
-        if len(shape) != len(sig) or fixed:
+        fixed = fixed_changes(shape, sig)
+        if strict and (len(shape) != len(sig) or fixed):
             detail = (f"rank {len(shape)} instead of {len(sig)}" if len(shape) != len(sig)
                       else f"dimension {fixed[0]} is fixed at {sig[fixed[0]]}")
-            text = (f"cannot resize input {i} ({self._main.tensors[i].name!r}) to "
-                    f"{list(shape)}: {detail}; coralrt changes only the -1 dimensions of its "
-                    f"shape_signature {list(sig)}")
-            raise (RuntimeError if strict else ValueError)(text)
+            raise RuntimeError(f"cannot resize input {i} ({name!r}) to {list(shape)}: "
+                               f"{detail}; strict=True changes only the -1 dimensions of "
+                               f"its shape_signature {list(sig)}")
         if shape != self._shapes[i]:
             self._shapes[i] = shape
             self._buffers = None       # LiteRT: not ready until allocate_tensors()
 
     # -- running ------------------------------------------------------------------
 
+    def _ensure_safe(self) -> None:
+        """RuntimeError while an array from ``tensor()`` (or a view of it) is alive."""
+        held = held_elsewhere(self._buffers) if self._buffers is not None else []
+        if held:
+            names = ", ".join(f"{i} ({self._main.tensors[i].name!r})" for i in held)
+            raise RuntimeError(
+                f"numpy arrays from tensor() are still referenced (tensor {names}), "
+                f"directly or through a slice or view: allocate_tensors(), invoke() and "
+                f"resize_tensor_input() refuse to run while a reference to internal data "
+                f"is held, as in tflite_runtime; keep the function tensor() returns and "
+                f"call it when you need the array, or copy the data with get_tensor()")
+
+    def _run(self, arrays: list[np.ndarray]) -> dict:
+        """Run ``arrays`` (in input order) on a session that takes their shapes."""
+        grow: dict[int, set[int]] = {}
+        for info, a in zip(self._infos, arrays):
+            sig = info.shape_signature
+            if len(a.shape) != len(sig):
+                raise RuntimeError(f"input {info.index} ({info.name!r}) was resized to rank "
+                                   f"{len(a.shape)}; coralrt keeps the rank of an input "
+                                   f"({len(sig)}: {list(sig)})")
+            dims = set(fixed_changes(a.shape, sig)) - self._widened.get(info.index, set())
+            if dims:
+                grow[info.index] = dims
+        if grow:
+            self._widen(grow)
+        return self._runner.run(arrays)
+
+    def _widen(self, grow: dict[int, set[int]]) -> None:
+        """Run from now on a session of the model with dimensions ``grow`` made -1."""
+        session = self._session
+        if session.target != "cpu":
+            raise RuntimeError(f"on target {session.target!r} the model runs as an Edge TPU "
+                               f"program, whose input shapes are fixed: only the cpu target "
+                               f"changes an input's fixed dimensions")
+        for t, dims in grow.items():
+            self._widened.setdefault(t, set()).update(dims)
+        runner = InferenceSession(widened(session.source_model, self._widened), "cpu",
+                                  session.options)
+        if self._runner is not session:
+            self._runner.close()
+        self._runner = runner
+        log.info("inputs resized in fixed dimensions %s: running a copy of the model with "
+                 "those dimensions dynamic", self._widened)
+
     def invoke(self) -> None:
         """Run the model on the inputs set; outputs land in the output arrays."""
+        self._ensure_safe()
         if self._buffers is None:
             raise RuntimeError("Invoke called on model that is not ready.")
-        results = self._session.run([self._buffers[i] for i in self._main.inputs])
+        results = self._run([self._buffers[i] for i in self._main.inputs])
         for i, value in zip(self._main.outputs, results.values()):
             buf = self._buffers[i]
             if buf.shape != value.shape or buf.dtype != value.dtype:
@@ -309,50 +361,9 @@ class Interpreter:
 
     def close(self) -> None:
         """Release the session and the sticks it opened (not in tflite_runtime)."""
+        if self._runner is not self._session:
+            self._runner.close()
         self._session.close()
 
     def __repr__(self) -> str:
         return f"<coralrt.tflite.Interpreter target={self._session.target!r}>"
-
-
-class SignatureRunner:
-    """tflite_runtime's ``SignatureRunner``: ``runner(**inputs) -> {output name: array}``."""
-
-    def __init__(self, interpreter: Interpreter = None, signature_key: str = None):
-        if not interpreter:
-            raise ValueError("None interpreter provided.")
-        if not signature_key:
-            raise ValueError("None signature_key provided.")
-        defs = interpreter._get_full_signature_list()
-        if signature_key not in defs:
-            raise ValueError(f'Invalid signature_key provided: "{signature_key}".')
-        self._interpreter = interpreter
-        self._key = signature_key
-        self._inputs = defs[signature_key]["inputs"]
-        self._outputs = defs[signature_key]["outputs"]
-        self._shapes: tuple[dict, dict] = ({}, {})
-        self._subgraph = next(s.subgraph_index for s in interpreter._model.signatures
-                              if s.key == signature_key)
-
-    def __call__(self, **kwargs) -> dict:
-        if len(kwargs) != len(self._inputs):
-            raise ValueError(f"Invalid number of inputs provided for running a SignatureDef, "
-                             f"expected {len(self._inputs)} vs provided {len(kwargs)}")
-        for name in kwargs:
-            if name not in self._inputs:
-                raise ValueError(f"Invalid Input name ({name}) for SignatureDef")
-        result = self._interpreter._session.run(kwargs, signature=self._key)
-        # The details show the shapes of the last call, as LiteRT's do.
-        self._shapes = ({n: np.shape(v) for n, v in kwargs.items()},
-                        {n: v.shape for n, v in result.items()})
-        return result
-
-    def _details(self, names: dict, shapes: dict) -> dict:
-        sg = self._interpreter._model.subgraphs[self._subgraph]
-        return {n: tensor_details(sg.tensors[i], i, shapes.get(n)) for n, i in names.items()}
-
-    def get_input_details(self) -> dict:
-        return self._details(self._inputs, self._shapes[0])
-
-    def get_output_details(self) -> dict:
-        return self._details(self._outputs, self._shapes[1])

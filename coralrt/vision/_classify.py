@@ -62,7 +62,7 @@ def classify(session, image, top_k: int | None = 5, threshold: float = 0.0, labe
     """The ``top_k`` best classes of ``image`` scoring >= ``threshold``, best first.
 
     ``labels``: a dict (:func:`~coralrt.vision.read_labels`) or a sequence, or
-    None.  ``preprocess``: ``fit``, ``resample``, ``mean``, ``std`` (see
+    None.  ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels`` (see
     :mod:`coralrt.vision._preprocess`).
     """
     outputs, _, _ = run_image(session, image, **preprocess)

@@ -183,7 +183,7 @@ def detect(session, image, threshold: float = 0.5, labels=None, *,
            **preprocess) -> list[Detection]:
     """Objects in ``image`` scoring >= ``threshold``, best first, boxes in image pixels.
 
-    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``
+    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels``
     (:mod:`coralrt.vision._preprocess`); ``fit="letterbox"`` keeps the aspect
     ratio and the boxes still come back in the image's pixels.
     """

@@ -3,6 +3,12 @@
 Every helper works on (height, width, 3) uint8 RGB arrays.  Pillow is needed to
 decode a file, to resize with anything but nearest-neighbour, and to draw; an
 array that already has the size a model wants needs nothing.
+
+A file is decoded only once its header is read and the size it declares is
+within ``max_pixels`` (:data:`DEFAULT_MAX_IMAGE_PIXELS` unless raised), so a
+small file that claims to be a huge image costs nothing; whatever else stops
+Pillow decoding a file (its own limits on compressed metadata, a broken or
+truncated file) is an :class:`~coralrt.errors.InputError` naming the file.
 """
 
 from __future__ import annotations
@@ -13,9 +19,15 @@ import numpy as np
 
 from coralrt.errors import CoralRTError, InputError
 
-__all__ = ["PillowMissing", "require_pillow", "as_rgb_array", "resize", "RESAMPLE"]
+__all__ = ["PillowMissing", "require_pillow", "as_rgb_array", "resize", "RESAMPLE",
+           "DEFAULT_MAX_IMAGE_PIXELS", "check_max_pixels"]
 
 PILLOW_HINT = "pip install 'coralrt[image]'"
+
+#: The largest image file decoded unless ``max_pixels`` says otherwise: the size
+#: from which Pillow itself warns of a decompression bomb (9459 x 9459, a 89.5
+#: megapixel photo; about 270 MB once decoded to RGB).
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 
 # Names accepted for ``resample`` -> Pillow's Image.Resampling member name.
 RESAMPLE = {"nearest": "NEAREST", "bilinear": "BILINEAR", "bicubic": "BICUBIC",
@@ -36,22 +48,32 @@ def require_pillow(what: str):
     return Image
 
 
-def as_rgb_array(image) -> np.ndarray:
+def check_max_pixels(max_pixels) -> int:
+    """``max_pixels`` (None: the default) as a positive int; InputError otherwise."""
+    if max_pixels is None:
+        return DEFAULT_MAX_IMAGE_PIXELS
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)) \
+            or max_pixels < 1:
+        raise InputError(f"max_pixels must be a positive whole number of pixels, not "
+                         f"{max_pixels!r}")
+    return int(max_pixels)
+
+
+def as_rgb_array(image, *, max_pixels: int | None = None) -> np.ndarray:
     """A (height, width, 3) uint8 RGB array of ``image``: a path, a PIL image or an array.
 
     Arrays must already be RGB uint8 (height, width, 3); (height, width) gray
     arrays are repeated over three channels.  Files are decoded with Pillow and
-    converted to RGB.
+    converted to RGB, once the size in their header is found to be at most
+    ``max_pixels`` (None: :data:`DEFAULT_MAX_IMAGE_PIXELS`); a larger one, and a
+    file Pillow cannot decode for any reason, raise InputError.
     """
     if isinstance(image, (str, os.PathLike)):
+        limit = check_max_pixels(max_pixels)
         Image = require_pillow("reading an image file")
         if not os.path.isfile(image):
             raise InputError(f"image file {os.fspath(image)!r} does not exist")
-        try:
-            with Image.open(image) as im:
-                return np.asarray(im.convert("RGB"))
-        except OSError as e:   # Pillow's UnidentifiedImageError is an OSError
-            raise InputError(f"cannot read {os.fspath(image)!r} as an image: {e}") from None
+        return _decode(Image, image, limit)
     if isinstance(image, np.ndarray):
         if image.ndim == 2:
             image = np.repeat(image[:, :, None], 3, axis=2)
@@ -63,6 +85,48 @@ def as_rgb_array(image) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
     raise InputError(f"expected an image path, a PIL image or a numpy array, got "
                      f"{type(image).__name__}")
+
+
+def _too_large(name: str, size: str, limit: int) -> InputError:
+    allowed = f"the {limit} pixels allowed" if limit != DEFAULT_MAX_IMAGE_PIXELS else \
+        f"the {limit} pixels allowed by default"
+    return InputError(f"{name!r} declares {size}, more than {allowed}: it is not decoded; "
+                      f"if the file is trusted, pass a larger max_pixels= (coralrt run: "
+                      f"--max-image-pixels)")
+
+
+def _decode(Image, path, limit: int) -> np.ndarray:
+    name = os.fspath(path)
+    try:
+        with Image.open(path) as im:            # reads the header only
+            width, height = im.size
+            if width * height > limit:
+                raise _too_large(name, f"a {width}x{height} image ({width * height} pixels)",
+                                 limit)
+            return np.asarray(im.convert("RGB"))
+    except InputError:
+        raise
+    except Image.DecompressionBombError as e:
+        # Pillow's own refusal at open, past twice its PIL.Image.MAX_IMAGE_PIXELS.
+        pillow = Image.MAX_IMAGE_PIXELS
+        if pillow is not None and limit <= 2 * pillow:
+            raise _too_large(name, f"an image of more than {2 * pillow} pixels", limit) \
+                from None
+        raise InputError(f"cannot read {name!r} as an image: Pillow refuses it ({e}); to "
+                         f"decode it anyway, raise Pillow's own PIL.Image.MAX_IMAGE_PIXELS "
+                         f"too") from None
+    except MemoryError:
+        raise InputError(f"cannot read {name!r} as an image: not enough memory to decode "
+                         f"it; pass a smaller max_pixels to refuse such files at once") from None
+    except Exception as e:  # noqa: BLE001 - whatever stops Pillow decoding this file
+        # OSError (unidentified, truncated), ValueError (compressed metadata over
+        # Pillow's limits), SyntaxError (broken chunks) ...
+        why = f"{type(e).__name__}: {e}"
+        if isinstance(e, ValueError) and "MAX_TEXT" in str(e):
+            why = (f"its compressed metadata (a PNG text chunk or ICC profile) decompresses "
+                   f"beyond Pillow's limit ({e}): a decompression bomb, or metadata to strip "
+                   f"from the file")
+        raise InputError(f"cannot read {name!r} as an image: {why}") from None
 
 
 def _nearest_index(n_out: int, n_in: int, start: float = 0.0, extent: float | None = None):

@@ -31,7 +31,7 @@ def keypoints_from_output(output, placement: Placement) -> list[Keypoint]:
 def pose(session, image, **preprocess) -> list[Keypoint]:
     """The 17 keypoints of the person in ``image`` (MoveNet single-pose models).
 
-    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``
+    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels``
     (:mod:`coralrt.vision._preprocess`).
     """
     outputs, placement, _ = run_image(session, image, **preprocess)

@@ -154,9 +154,11 @@ def to_tensor(info: TensorInfo, picture: np.ndarray, mean=None, std=None) -> np.
 
 
 def prepare(info: TensorInfo, image, *, fit: str = "stretch", resample: str = "bilinear",
-            mean=None, std=None) -> tuple[np.ndarray, Placement, np.ndarray]:
-    """(input tensor, placement, the image as an RGB array) for input ``info``."""
-    pixels = as_rgb_array(image)
+            mean=None, std=None, max_pixels: int | None = None
+            ) -> tuple[np.ndarray, Placement, np.ndarray]:
+    """(input tensor, placement, the image as an RGB array) for input ``info``;
+    ``max_pixels``: the largest image file decoded (:func:`as_rgb_array`)."""
+    pixels = as_rgb_array(image, max_pixels=max_pixels)
     _, height, width, _ = info.shape
     placement = Placement.compute((pixels.shape[1], pixels.shape[0]), (width, height), fit)
     tensor = to_tensor(info, placement.canvas(pixels, resample), mean, std)
@@ -166,7 +168,8 @@ def prepare(info: TensorInfo, image, *, fit: str = "stretch", resample: str = "b
 def run_image(session, image, **options) -> tuple[dict, Placement, np.ndarray]:
     """Run ``session`` on ``image``: (outputs by name, placement, image array).
 
-    ``options``: ``fit``, ``resample``, ``mean``, ``std`` of :func:`prepare`.
+    ``options``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels`` of
+    :func:`prepare`.
     """
     info = image_input(session)
     tensor, placement, pixels = prepare(info, image, **options)

@@ -66,7 +66,7 @@ def segmentation_output(session, outputs: dict) -> np.ndarray:
 def segment(session, image, labels=None, **preprocess) -> Segmentation:
     """The class of every pixel of ``image`` (mask at the image's size).
 
-    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``
+    ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels``
     (:mod:`coralrt.vision._preprocess`).
     """
     outputs, placement, _ = run_image(session, image, **preprocess)
