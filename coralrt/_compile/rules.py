@@ -35,8 +35,11 @@ __all__ = [
 ]
 
 # Bump when a rule changes what maps, so cached compilations are redone
-# (3: compat mode's rules, compile/compat_rules.py; 4: layer width limits).
-RULES_VERSION = 4
+# (3: compat mode's rules, compile/compat_rules.py; 4: layer width limits),
+# and when validation refuses more models: a cache hit skips validation, so a
+# compilation cached before a new refusal would outlive it (5: output types
+# against what the kernel writes, zero points in range, int32 accumulators).
+RULES_VERSION = 5
 
 
 # OpSupport (coralrt._ops.spec) and DEFAULT_ACTIVATIONS are re-exported: plugins

@@ -81,7 +81,16 @@ from coralrt._ops.arith.parallel import for_bands
 from coralrt._ops.arith.requant_plan import float32_steps, float_plan, no_wrap
 from coralrt._ops.arith.scratch import TEMPORARIES
 
-__all__ = ["Requantizer", "DoubleRequantizer"]
+__all__ = ["Requantizer", "DoubleRequantizer", "may_wrap"]
+
+
+def may_wrap(bias, acc_bound) -> bool:
+    """True when an accumulator of at most ``acc_bound`` (per channel or one for
+    all; None: unknown, taken as fitting) plus ``bias`` can leave int32."""
+    if acc_bound is None:
+        return False
+    b = 0 if bias is None or not np.size(bias) else int(np.abs(np.asarray(bias, np.int64)).max())
+    return int(np.max(acc_bound)) + b >= 2**31
 
 
 class Requantizer:
@@ -115,6 +124,13 @@ class Requantizer:
         self._channels = max(m.size, 1 if self.bias is None else self.bias.size)
         left = bool((s > 0).any())
         plan = None
+        if may_wrap(self.bias, acc_bound):
+            # TFLite adds the bias to an int32 accumulator, which wraps around
+            # past 2^31 (a bias near INT32_MIN plus a negative sum becomes a
+            # large positive value); the step-by-step route wraps like it.
+            self.path = "general"
+            self.m, self.s = m, s
+            return
         if not (s < -31).any() and (not left or no_wrap(m, s, self.bias, acc_bound)):
             plan = float_plan(m, -s, self.bias, self.lo, self.hi, self.zp, self.dtype,
                               acc_bound)
@@ -163,6 +179,8 @@ class Requantizer:
             v = acc.astype(np.int64)
             if self.bias is not None:
                 v += self.bias
+            # multiply_by_quantized_multiplier wraps v to int32 first, as the
+            # int32 accumulator does.
             v = fixedpoint.multiply_by_quantized_multiplier(v, self.m, self.s)
             np.clip(v, self.lo, self.hi, out=v)
             np.add(v, self.zp, out=out, casting="unsafe")
@@ -268,8 +286,9 @@ class DoubleRequantizer:
     multiplier."""
 
     def __init__(self, effective_scales, zero_point: int, act_min: int, act_max: int,
-                 dtype: np.dtype, bias: np.ndarray | None = None):
+                 dtype: np.dtype, bias: np.ndarray | None = None, acc_bound=None):
         eff = np.asarray(effective_scales, np.float64).reshape(-1)
+        self.wrap = may_wrap(bias, acc_bound)
         self.eff = float(eff[0]) if eff.size == 1 or (eff == eff[0]).all() else eff
         self.dtype = np.dtype(dtype)
         self.zp = int(zero_point)
@@ -280,6 +299,8 @@ class DoubleRequantizer:
         x = acc.astype(np.float64)
         if self.bias is not None:
             x += self.bias
+        if self.wrap:   # the int32 accumulator wraps around (see Requantizer)
+            x = fixedpoint.wrap_int32(x.astype(np.int64)).astype(np.float64)
         x *= self.eff
         r = np.rint(x)
         # C's round() sends halves away from zero; rint sends them to even.

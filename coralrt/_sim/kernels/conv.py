@@ -229,13 +229,15 @@ def fully_connected(ctx: OpContext) -> Run:
                               zp, out_dtype)
     in_scale, out_scale = ctx.scale(x_t), ctx.scale(out_t)
     bias = _bias(ctx, 2, units, op)
+    x_zp = ctx.zero_point(x_t)
+    acc_bound = (np.abs(w.astype(np.int64) - w_offset).reshape(units, -1).sum(axis=1)
+                 * _max_abs_input(in_dtype, x_zp))
     if FC_DOUBLE_ROUNDING:
         eff = float(in_scale) * w_scales.astype(np.float64) / float(out_scale)
-        requant = DoubleRequantizer(eff, zp, lo, hi, out_dtype, bias)
+        requant = DoubleRequantizer(eff, zp, lo, hi, out_dtype, bias, acc_bound)
     else:
         mult, shift = _multiplier(in_scale, w_scales, out_scale, float_product=not per_channel)
-        requant = Requantizer(mult, shift, zp, lo, hi, out_dtype, bias)
-    x_zp = ctx.zero_point(x_t)
+        requant = Requantizer(mult, shift, zp, lo, hi, out_dtype, bias, acc_bound)
     gemm = ExactGemm((w.astype(np.int64) - w_offset).T, _max_abs_input(in_dtype, x_zp))
 
     def run(inputs):
