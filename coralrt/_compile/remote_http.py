@@ -121,8 +121,18 @@ class Connection(http.client.HTTPConnection):
 def read_answer(response: http.client.HTTPResponse, cap: int) -> bytearray:
     """The body of ``response``, at most ``cap`` bytes; AnswerTooLarge beyond."""
     length = response.getheader("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) > cap:
-        raise AnswerTooLarge(int(length), cap)
+    if length is not None and length.strip().isdigit():
+        if int(length) > cap:
+            raise AnswerTooLarge(int(length), cap)
+        if not response.chunked:    # read in place: no copy of the pieces
+            body = bytearray(int(length))
+            view, got = memoryview(body), 0
+            while got < len(body):
+                n = response.readinto(view[got:got + _READ_PIECE])
+                if not n:
+                    raise http.client.IncompleteRead(bytes(body[:got]), len(body) - got)
+                got += n
+            return body
     body = bytearray()
     while True:
         piece = response.read(min(_READ_PIECE, cap + 1 - len(body)))
