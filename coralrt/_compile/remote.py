@@ -253,12 +253,14 @@ class RemoteCompiler(Compiler):
                 response = conn.getresponse()
                 return response.status, read_answer(response, self.max_answer_bytes)
             except AnswerTooLarge as e:
-                size = f"has {e.size} bytes" if e.size is not None else "goes on past that"
+                size = (f"has {e.size} bytes, more than" if e.size is not None
+                        else "runs past")
                 raise CompileServiceError(
-                    self.url, f"the answer to {method} {path} {size}, more than the largest "
-                              f"answer read, {e.cap} bytes; if the service's compiled models "
-                              f"are that large, raise {config.COMPILER_URL_MAX_ANSWER} (or "
-                              f"max_answer_bytes)") from None
+                    self.url, f"the answer to {method} {path} {size} the largest answer this "
+                              f"client reads ({e.cap} bytes); if the service's compiled "
+                              f"models are that large, raise "
+                              f"{config.COMPILER_URL_MAX_ANSWER} (or max_answer_bytes)") \
+                    from None
             except (OSError, http.client.HTTPException) as e:
                 raise CompileServiceError(self.url, f"{method} {path} failed: "
                                                     f"{_why(e, timeout)}",
