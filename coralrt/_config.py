@@ -55,6 +55,8 @@ variable                                meaning
                                         the system's certificate store
 ``CORALRT_COMPILER_URL_TIMEOUT``        seconds a request to the compile service may
                                         take, compile included (default 240)
+``CORALRT_COMPILER_URL_MAX_ANSWER``     largest answer read from the compile service,
+                                        a size like ``512M`` (default 256M)
 ``CORALRT_RUNTIME_DIR``                 folder of the per-stick lock files (and the pid
                                         of each lock's holder); default: the platform's
                                         user runtime folder for ``coralrt`` (from
@@ -409,3 +411,22 @@ def firmware_dir() -> Path:
     import platformdirs  # only needed when asked
 
     return Path(platformdirs.user_data_dir("coralrt")) / "firmware"
+
+
+
+# -- the compile service's answers (coralrt._compile.remote) -----------------------------
+
+__all__ += ["COMPILER_URL_MAX_ANSWER", "DEFAULT_COMPILER_URL_MAX_ANSWER",
+            "compiler_url_max_answer"]
+COMPILER_URL_MAX_ANSWER = "CORALRT_COMPILER_URL_MAX_ANSWER"
+DEFAULT_COMPILER_URL_MAX_ANSWER = 256 << 20   # a 64 MiB segment's answer is about 86 MiB
+
+
+def compiler_url_max_answer() -> int:
+    """Largest answer the ``remote`` compiler reads (``CORALRT_COMPILER_URL_MAX_ANSWER``)."""
+    value = _get(COMPILER_URL_MAX_ANSWER)
+    size = DEFAULT_COMPILER_URL_MAX_ANSWER if value is None else parse_size(value)
+    if not size:
+        raise ConfigError(f"{COMPILER_URL_MAX_ANSWER}={value!r} is not a size; give a number "
+                          f"of bytes, optionally with a K, M or G suffix (for example 512M)")
+    return size

@@ -69,6 +69,13 @@ def add_parser(sub, parents) -> None:
                    help="size cap of that cache (default: CORALRT_CACHE_MAX_BYTES or 1G)")
     p.add_argument("--max-upload", type=_size, default=64 << 20, metavar="SIZE",
                    help="largest segment accepted (default 64M)")
+    p.add_argument("--max-upload-total", type=_size, default=256 << 20, metavar="SIZE",
+                   help="memory for the uploads in flight (read, waiting or compiling) in "
+                        "all; more are answered 503 busy (default 256M, at least "
+                        "--max-upload)")
+    p.add_argument("--body-timeout", type=_seconds, default=60.0, metavar="SEC",
+                   help="seconds one upload's body may take to arrive; slower ones are "
+                        "answered 408 (default 60)")
     p.add_argument("--compile-timeout", type=_seconds, default=180.0, metavar="SEC",
                    help="seconds one compile may take before it is stopped (default 180)")
     p.add_argument("--max-concurrent", type=count_type(1), default=2, metavar="N",
@@ -122,6 +129,9 @@ def command(args) -> int:
     except ImportError as e:
         raise ConfigError(f"the compile service needs aiohttp, which the server extra "
                           f"installs: pip install 'coralrt[server]' ({e})") from None
+    limits = Limits(max_upload_bytes=args.max_upload, max_concurrent=args.max_concurrent,
+                    max_queue=args.max_queue, max_upload_total=args.max_upload_total,
+                    body_timeout=args.body_timeout)
     from coralrt._compile.cache import CompileCache
     from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 
@@ -132,8 +142,6 @@ def command(args) -> int:
                          else config.cache_dir() / "service",
                          max_bytes=args.cache_max_bytes, enabled=True)
     context = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
-    limits = Limits(max_upload_bytes=args.max_upload,
-                    max_concurrent=args.max_concurrent, max_queue=args.max_queue)
     service = CompileService(compiler, cache, limits)
     os.umask(0o077)   # the cache holds what clients sent: for the service's user only
     serve(service, host=args.host, port=args.port, token=token, ssl_context=context)

@@ -19,15 +19,22 @@ when the compiler is only registered.
 
 Settings (:mod:`coralrt._config`): ``CORALRT_COMPILER_URL``,
 ``CORALRT_COMPILER_TOKEN`` / ``CORALRT_COMPILER_TOKEN_FILE``,
-``CORALRT_COMPILER_CA`` and ``CORALRT_COMPILER_URL_TIMEOUT``.  A token is
+``CORALRT_COMPILER_CA``, ``CORALRT_COMPILER_URL_TIMEOUT`` and
+``CORALRT_COMPILER_URL_MAX_ANSWER``.  A token is
 never sent in clear to another machine: with a token, the URL must be
 ``https`` unless its host is this machine (an SSH tunnel, a local proxy).
 
+Bounds: a request's timeout is one deadline for all of it (connecting,
+sending, every read, busy retries), and its answer is read up to a cap
+(``max_answer_bytes``, default 256 MiB), refused unread when its
+``Content-Length`` is larger (:mod:`coralrt._compile.remote_http`).
+
 Everything that goes wrong (no route, refused connection, no answer in
-time, a refused token, a compiler failure on the service, an answer that
-does not verify) raises :class:`~coralrt.errors.CompileServiceError` naming
-the URL and the cause.  The stdlib's ``http.client`` is the transport: a
-Pi needs no extra package to use a compile service.
+time, an answer too large, a refused token, a compiler failure on the
+service, an answer that is not JSON or does not verify) raises
+:class:`~coralrt.errors.CompileServiceError` naming the URL and the cause.
+The stdlib's ``http.client`` is the transport: a Pi needs no extra package
+to use a compile service.
 """
 
 from __future__ import annotations
@@ -48,17 +55,19 @@ from urllib.parse import urlsplit
 from coralrt import _config as config
 from coralrt._compile.base import Compiler
 from coralrt._compile.edgetpu_compiler import CompiledSegment, package_of, parse_log
+from coralrt._compile.remote_http import AnswerTooLarge, Connection, read_answer
 from coralrt.errors import CompileServiceError, ConfigError
 from coralrt._formats.opnames import EDGETPU_OP
 from coralrt._model import Model, load_model
 
-__all__ = ["COMPILER_ID", "RemoteCompiler", "check_url", "is_loopback"]
+__all__ = ["COMPILER_ID", "DEFAULT_MAX_ANSWER_BYTES", "RemoteCompiler", "check_url",
+           "is_loopback"]
 
 log = logging.getLogger("coralrt.compile")
 
 COMPILER_ID = "remote"
-CONNECT_TIMEOUT = 10.0    # seconds to open the connection (a host that does not answer)
 HEALTH_TIMEOUT = 15.0     # seconds for the whole GET /health
+DEFAULT_MAX_ANSWER_BYTES = config.DEFAULT_COMPILER_URL_MAX_ANSWER
 BUSY_RETRIES = 4          # answers 503 (all compile slots and the queue full) retried
 _USER_AGENT = "coralrt-remote-compiler"
 _IDENTITIES: dict[str, tuple[str, str]] = {}   # url -> (compiler id, version)
@@ -80,7 +89,11 @@ def check_url(url: str, *, token: bool) -> tuple[str, str, int, str]:
 
     With a ``token``, plain ``http`` is refused unless the host is loopback.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:     # "http://[::1": an unclosed or invalid IPv6 address
+        raise ConfigError(f"compile service URL {url!r} is not a valid URL ({e}); an IPv6 "
+                          f"address goes in brackets, for example http://[::1]:8765") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"compile service URL {url!r} is not an http:// or https:// URL "
                           f"with a host (for example https://builder.local:8765)")
@@ -106,8 +119,11 @@ class RemoteCompiler(Compiler):
     ``url``: the service (default ``CORALRT_COMPILER_URL``); ``token``
     (default ``CORALRT_COMPILER_TOKEN`` or ``_FILE``); ``timeout``: seconds
     one compile request may take in all, busy retries included (default
-    ``CORALRT_COMPILER_URL_TIMEOUT``, 240); ``ca_file``: certificates to
-    trust for ``https`` (default ``CORALRT_COMPILER_CA``, else the system's).
+    ``CORALRT_COMPILER_URL_TIMEOUT``, 240), a deadline that no request
+    passes by more than about a second; ``ca_file``: certificates to trust
+    for ``https`` (default ``CORALRT_COMPILER_CA``, else the system's);
+    ``max_answer_bytes``: the largest answer read (default
+    ``CORALRT_COMPILER_URL_MAX_ANSWER``, 256 MiB).
     """
 
     id = COMPILER_ID
@@ -115,7 +131,8 @@ class RemoteCompiler(Compiler):
     op_name = EDGETPU_OP
 
     def __init__(self, url: str | None = None, *, token: str | None = None,
-                 timeout: float | None = None, ca_file=None):
+                 timeout: float | None = None, ca_file=None,
+                 max_answer_bytes: int | None = None):
         url = url if url is not None else config.compiler_url()
         if not url:
             raise ConfigError("no compile service URL: set CORALRT_COMPILER_URL or pass one")
@@ -125,6 +142,8 @@ class RemoteCompiler(Compiler):
                                                                  token=bool(self._token))
         self.timeout = float(timeout) if timeout is not None else config.compiler_url_timeout()
         self._ca = ca_file if ca_file is not None else config.compiler_ca()
+        self.max_answer_bytes = (int(max_answer_bytes) if max_answer_bytes is not None
+                                 else config.compiler_url_max_answer())
 
     def __repr__(self) -> str:
         return f"RemoteCompiler({self.url!r})"
@@ -158,7 +177,8 @@ class RemoteCompiler(Compiler):
 
     def health(self, timeout: float = HEALTH_TIMEOUT) -> dict:
         """The service's ``GET /health`` answer (with the token, when one is set)."""
-        status, body = self._request("GET", "/health", None, timeout)
+        status, body = self._request("GET", "/health", None,
+                                     time.monotonic() + timeout, timeout)
         return self._json(status, body, "/health")
 
     def compile_raw(self, data: bytes) -> tuple[bytes, str, dict]:
@@ -168,18 +188,12 @@ class RemoteCompiler(Compiler):
         sent = hashlib.sha256(data).hexdigest()
         deadline = time.monotonic() + self.timeout
         for attempt in range(BUSY_RETRIES + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            status, body = self._request("POST", "/compile", data, left)
-            if status != 503 or attempt == BUSY_RETRIES:
-                break
-            wait = min(2.0 ** attempt, max(0.0, deadline - time.monotonic() - 1.0))
+            status, body = self._request("POST", "/compile", data, deadline, self.timeout)
+            wait = min(2.0 ** attempt, deadline - time.monotonic() - 1.0)
+            if status != 503 or attempt == BUSY_RETRIES or wait <= 0:
+                break    # a 503 left is reported as busy below
             log.info("compile service %s is busy; trying again in %.0f s", self.url, wait)
             time.sleep(wait)
-        else:
-            raise CompileServiceError(self.url, f"no answer within {self.timeout:g} s",
-                                      timeout=self.timeout)
         answer = self._json(status, body, "/compile")
         return _verified(self.url, answer, sent), str(answer.get("log") or ""), answer
 
@@ -197,12 +211,13 @@ class RemoteCompiler(Compiler):
     def _json(self, status: int, body: bytes, path: str) -> dict:
         try:
             answer = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):    # not JSON, or nested too deeply to read
             answer = None
         if status == 200 and isinstance(answer, dict):
             return answer
         error = answer.get("error") if isinstance(answer, dict) else None
-        detail = error or body[:200].decode("utf-8", "replace").strip() or "no details"
+        detail = str(error or bytes(body[:200]).decode("utf-8", "replace").strip()
+                     or "no details")
         log_tail = answer.get("log_tail", "") if isinstance(answer, dict) else ""
         if status == 200:
             cause = f"{path} answered with something that is not a JSON object"
@@ -214,34 +229,41 @@ class RemoteCompiler(Compiler):
             cause = f"{path} answered HTTP {status}: {detail}"
         raise CompileServiceError(self.url, cause, status=status, log_tail=str(log_tail or ""))
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        connect = min(CONNECT_TIMEOUT, timeout)
-        if self.scheme == "https":
-            context = ssl.create_default_context(cafile=str(self._ca) if self._ca else None)
-            return http.client.HTTPSConnection(self.host, self.port, timeout=connect,
-                                               context=context)
-        return http.client.HTTPConnection(self.host, self.port, timeout=connect)
-
-    def _request(self, method: str, path: str, body: bytes | None,
-                 timeout: float) -> tuple[int, bytes]:
+    def _request(self, method: str, path: str, body: bytes | None, deadline: float,
+                 timeout: float) -> tuple[int, bytearray]:
+        """``(status, answer body)`` of one request, all of it done by ``deadline``
+        (``timeout``: the seconds that deadline stands for, for messages)."""
         headers = {"User-Agent": _USER_AGENT, "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/octet-stream"
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        conn = self._connection(timeout)
+        context = None
+        if self.scheme == "https":
+            context = ssl.create_default_context(cafile=str(self._ca) if self._ca else None)
+        conn = Connection(self.host, self.port, deadline=deadline, context=context)
         try:
             try:
                 conn.connect()
             except OSError as e:
-                raise CompileServiceError(self.url, f"cannot connect: {_why(e)}") from e
-            conn.sock.settimeout(timeout)    # each read; the service bounds the compile
+                raise CompileServiceError(self.url, f"cannot connect: {_why(e)}",
+                                          timeout=timeout if _timed_out(e) else None) from e
             try:
                 conn.request(method, self.base + path, body=body, headers=headers)
                 response = conn.getresponse()
-                return response.status, response.read()
+                return response.status, read_answer(response, self.max_answer_bytes)
+            except AnswerTooLarge as e:
+                size = (f"has {e.size} bytes, more than" if e.size is not None
+                        else "runs past")
+                raise CompileServiceError(
+                    self.url, f"the answer to {method} {path} {size} the largest answer this "
+                              f"client reads ({e.cap} bytes); if the service's compiled "
+                              f"models are that large, raise "
+                              f"{config.COMPILER_URL_MAX_ANSWER} (or max_answer_bytes)") \
+                    from None
             except (OSError, http.client.HTTPException) as e:
-                raise CompileServiceError(self.url, f"{method} {path} failed: {_why(e)}",
+                raise CompileServiceError(self.url, f"{method} {path} failed: "
+                                                    f"{_why(e, timeout)}",
                                           timeout=timeout if _timed_out(e) else None) from e
         finally:
             conn.close()
@@ -251,9 +273,11 @@ def _timed_out(e: BaseException) -> bool:
     return isinstance(e, (socket.timeout, TimeoutError))
 
 
-def _why(e: BaseException) -> str:
+def _why(e: BaseException, timeout: float | None = None) -> str:
     if _timed_out(e):
-        return "no answer in time (timed out)"
+        if timeout is None:
+            return "no answer in time (timed out)"
+        return f"no complete answer within {timeout:g} s (timed out)"
     if isinstance(e, ssl.SSLCertVerificationError):
         return (f"its TLS certificate does not verify ({e.verify_message}); give the "
                 f"service's certificate or CA with CORALRT_COMPILER_CA")

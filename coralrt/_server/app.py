@@ -16,10 +16,14 @@ Every error is a JSON object ``{"error": message}`` (plus ``log_tail`` for a
 compiler failure): 400 for an empty, truncated, non-TFLite, invalid or
 already compiled upload; 401 without the right token
 (``Authorization: Bearer <token>``); 404/405 for other paths and methods;
-413 above the upload limit; 422 when the compiler fails on the model; 503
-when every compile slot and the queue are full (with ``Retry-After``); 504
-when the compile runs past its time limit.  A bad request never stops the
-service.
+408 when the body does not arrive in time; 413 above the upload limit; 422
+when the compiler fails on the model; 503 when every compile slot and the
+queue are full, or the uploads in flight fill their memory (with
+``Retry-After``); 504 when the compile runs past its time limit.  A request
+with ``Expect: 100-continue`` gets its 401 or 413 before any ``100
+Continue``.  A bad request never stops the service.  How an upload is read
+and bounded: :mod:`coralrt._server.upload`; the connections under the
+routes: :mod:`coralrt._server.wire`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import base64
 import hmac
 import json
 import logging
+import signal
 import ssl
 import threading
 from contextlib import contextmanager
@@ -37,6 +42,8 @@ from aiohttp import web
 
 from coralrt.errors import CacheLockTimeoutError, CompileError
 from coralrt._server.service import Busy, CompileService, UploadError
+from coralrt._server.upload import received
+from coralrt._server.wire import Site, runner_options
 from coralrt._version import version as coralrt_version
 
 __all__ = ["make_app", "serve", "running", "tls_context"]
@@ -61,8 +68,20 @@ def _authorized(request: web.Request) -> bool:
     if token is None:
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                              token.encode())
+    try:
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    except UnicodeError:    # bytes that are not a token in any encoding
+        return False
+    return scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, token.encode())
+
+
+async def _closing(request: web.Request, response: web.Response) -> web.Response:
+    """``response`` sent at once, then the connection closed, its body left unread
+    (a slow or broken upload is not waited for)."""
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    return response
 
 
 @web.middleware
@@ -76,7 +95,8 @@ async def _errors(request: web.Request, handler):
         return _error(e.status, e.reason if e.text is None or e.text.startswith(
             f"{e.status}:") else e.text)
     except UploadError as e:
-        return _error(e.status, str(e))
+        response = _error(e.status, str(e))
+        return await _closing(request, response) if e.close else response
     except Busy as e:
         return _error(503, f"busy: {e}")
     except CacheLockTimeoutError as e:
@@ -95,6 +115,10 @@ async def _errors(request: web.Request, handler):
 async def _auth(request: web.Request, handler):
     if request.path == "/health" or _authorized(request):
         return await handler(request)
+    return _unauthorized()
+
+
+def _unauthorized() -> web.Response:
     return _error(401, "missing or wrong token: send the header 'Authorization: Bearer "
                        "<token>'")
 
@@ -111,28 +135,35 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _compile(request: web.Request) -> web.Response:
     service = request.app[_SERVICE_KEY]
-    limit = service.limits.max_upload_bytes
-    if request.content_length is not None and request.content_length > limit:
-        return _error(413, f"the upload has {request.content_length} bytes, more than the "
-                           f"service's limit of {limit} (coralrt serve-compiler --max-upload)")
-    try:
-        data = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"the upload is larger than the service's limit of {limit} bytes "
-                           f"(coralrt serve-compiler --max-upload)")
-    except (ConnectionError, asyncio.IncompleteReadError, EOFError) as e:
-        return _error(400, f"the upload was cut short ({type(e).__name__})")
-    except Exception as e:  # noqa: BLE001 - aiohttp's payload errors for a truncated body
-        if type(e).__module__.startswith("aiohttp"):
-            return _error(400, f"the upload was cut short or malformed ({e})")
-        raise
-    answer = await service.compile(data)
-    compiled = base64.b64encode(answer.pop("compiled"))
+    async with received(request, service) as data:    # the upload's bounds: upload.py
+        answer = await service.compile(data)
+        compiled = base64.b64encode(answer.pop("compiled"))
     # The base64 text needs no JSON escaping: it is put in as it is, since json.dumps
     # of a string of megabytes costs more than the rest of a cache hit together.
     head = json.dumps(answer, separators=(",", ":")).encode("utf-8")
     body = b"".join((head[:-1], b',"compiled":"', compiled, b'"}'))
     return web.Response(body=body, content_type="application/json")
+
+
+async def _expect(request: web.Request) -> web.Response | None:
+    """``Expect: 100-continue`` on ``POST /compile``: the token and the announced size
+    are checked first, so a client without the token gets 401 and never ``100 Continue``."""
+    refusal = None
+    limit = request.app[_SERVICE_KEY].limits.max_upload_bytes
+    if not _authorized(request):
+        refusal = _unauthorized()
+    elif request.content_length is not None and request.content_length > limit:
+        refusal = _error(413, f"the upload has {request.content_length} bytes, more than the "
+                              f"service's limit of {limit} (coralrt serve-compiler "
+                              f"--max-upload)")
+    elif request.headers.get("Expect", "").lower() != "100-continue":
+        refusal = _error(417, f"unknown Expect: {request.headers.get('Expect')!r}")
+    if refusal is not None:     # the body was not sent: the connection is not reused
+        return await _closing(request, refusal)
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0    # the answer proper has not started
+    return None
 
 
 def make_app(service: CompileService, *, token: str | None = None) -> web.Application:
@@ -142,7 +173,7 @@ def make_app(service: CompileService, *, token: str | None = None) -> web.Applic
     app[_SERVICE_KEY] = service
     app[_TOKEN_KEY] = token
     app.router.add_get("/health", _health)
-    app.router.add_post("/compile", _compile)
+    app.router.add_post("/compile", _compile, expect_handler=_expect)
 
     async def _close(_app) -> None:
         service.close()
@@ -161,19 +192,26 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
 def serve(service: CompileService, *, host: str, port: int, token: str | None,
           ssl_context: ssl.SSLContext | None, announce=print) -> None:
     """Run the service until interrupted (SIGINT or SIGTERM)."""
-    app = make_app(service, token=token)
-    scheme = "https" if ssl_context else "http"
-    shown = f"[{host}]" if ":" in host else host
+    async def main() -> None:
+        runner = web.AppRunner(make_app(service, token=token),
+                               **runner_options(logging.getLogger("coralrt.server.access")))
+        await runner.setup()
+        try:
+            site = Site(runner, host, port, ssl_context=ssl_context)
+            await site.start()
+            announce(f"coralrt compile service on {site.name} "
+                     f"({service.compiler.id} {service.compiler.version}; "
+                     f"{'token required' if token else 'no token'}; "
+                     f"cache {service.cache.root}); Ctrl-C stops it", flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            await runner.cleanup()
 
-    async def _announce(_app) -> None:
-        announce(f"coralrt compile service on {scheme}://{shown}:{port} "
-                 f"({service.compiler.id} {service.compiler.version}; "
-                 f"{'token required' if token else 'no token'}; cache {service.cache.root}); "
-                 f"Ctrl-C stops it", flush=True)
-
-    app.on_startup.append(_announce)
-    web.run_app(app, host=host, port=port, ssl_context=ssl_context, print=None,
-                handle_signals=True, access_log=logging.getLogger("coralrt.server.access"))
+    asyncio.run(main())
 
 
 @contextmanager
@@ -189,9 +227,9 @@ def running(service: CompileService, *, host: str = "127.0.0.1", port: int = 0,
     loop = asyncio.new_event_loop()
 
     async def start() -> None:
-        runner = web.AppRunner(make_app(service, token=token), access_log=None)
+        runner = web.AppRunner(make_app(service, token=token), **runner_options())
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site = Site(runner, host, port, ssl_context=ssl_context)
         await site.start()
         state["runner"] = runner
         state["port"] = runner.addresses[0][1]

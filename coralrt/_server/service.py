@@ -16,7 +16,11 @@ segment posted by fifty clients is compiled once:
 
 Limits: at most ``max_concurrent`` compiles run at once; at most
 ``max_queue`` more wait for a slot, beyond which a request is refused as
-busy (:class:`Busy`, HTTP 503, which clients retry).  A compiler failure is
+busy (:class:`Busy`, HTTP 503, which clients retry).  Before that, while
+an upload is read (:mod:`coralrt._server.upload`): one upload has at most
+``max_upload_bytes``, all the uploads the service holds at once (being
+read, waiting or compiling) at most ``max_upload_total`` (more is 503
+busy), and one body must arrive within ``body_timeout`` seconds (HTTP 408).  A compiler failure is
 not cached: edgetpu_compiler is known to fail and then succeed on the same
 model.  What was written by a compile that failed or timed out never
 enters the cache, and a compiled output is cached only after it loads as a
@@ -34,11 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from coralrt._compile.cache import CompileCache, make_key
-from coralrt.errors import CompileError, ModelError
+from coralrt.errors import CompileError, ConfigError, ModelError
 from coralrt._model import load_model
 from coralrt._model.compiled import compiled_by
 
-__all__ = ["CompileService", "Limits", "UploadError", "Busy"]
+__all__ = ["CompileService", "Limits", "Budget", "UploadError", "Busy"]
 
 log = logging.getLogger("coralrt.server")
 
@@ -46,11 +50,15 @@ TFLITE_ID = b"TFL3"      # the file identifier at bytes 4..8 of every TFLite mod
 
 
 class UploadError(Exception):
-    """The upload is not something the service compiles (HTTP 4xx)."""
+    """The upload is not something the service compiles (HTTP 4xx).
 
-    def __init__(self, message: str, status: int = 400):
+    ``close``: the connection is closed after the answer (its body was not read).
+    """
+
+    def __init__(self, message: str, status: int = 400, *, close: bool = False):
         super().__init__(message)
         self.status = status
+        self.close = close
 
 
 class Busy(Exception):
@@ -62,6 +70,40 @@ class Limits:
     max_upload_bytes: int = 64 << 20     # one segment; Edge TPU models are a few MB
     max_concurrent: int = 2              # compiler runs at once
     max_queue: int = 32                  # requests waiting for a compile slot
+    max_upload_total: int = 256 << 20    # the uploads held in memory at once, in all
+    body_timeout: float = 60.0           # seconds for one upload's body to arrive
+
+    def __post_init__(self):
+        if self.max_upload_total < self.max_upload_bytes:
+            raise ConfigError(f"the memory for uploads in flight (--max-upload-total, "
+                              f"{self.max_upload_total} bytes) must hold at least one "
+                              f"largest upload (--max-upload, {self.max_upload_bytes} bytes)")
+        if not self.body_timeout > 0:
+            raise ConfigError(f"--body-timeout must be a positive number of seconds, not "
+                              f"{self.body_timeout!r}")
+
+
+class Budget:
+    """The bytes of uploads the service holds at once, at most ``total``.
+
+    :meth:`take` before bytes are read, :meth:`give_back` once the request is
+    answered (or refused).  Used from the event loop only.
+    """
+
+    def __init__(self, total: int):
+        self.total = total
+        self.held = 0
+        self.peak = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.total:
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
 
 
 class CompileService:
@@ -79,9 +121,11 @@ class CompileService:
         self._slots = asyncio.Semaphore(limits.max_concurrent)
         self._pool = ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix="compile")
         self._inflight: dict[str, asyncio.Task] = {}
+        self.uploads = Budget(limits.max_upload_total)
         self.waiting = 0
         self.running = 0
-        self.counts = {"requests": 0, "compiles": 0, "cache_hits": 0, "failures": 0}
+        self.counts = {"requests": 0, "compiles": 0, "cache_hits": 0, "failures": 0,
+                       "refused_busy": 0, "slow_uploads": 0}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -94,7 +138,9 @@ class CompileService:
         return {**dataclasses.asdict(self.limits), "compile_timeout": self.compiler.timeout}
 
     def status(self) -> dict:
-        return {"compiling": self.running, "waiting": self.waiting, **self.counts}
+        return {"compiling": self.running, "waiting": self.waiting,
+                "upload_bytes": self.uploads.held, "upload_bytes_peak": self.uploads.peak,
+                **self.counts}
 
     async def compile(self, data: bytes) -> dict:
         """The answer for an uploaded model: the compiled model, its SHA-256, the log."""
@@ -122,6 +168,7 @@ class CompileService:
             return entry.data, str(entry.meta.get("log", "")), True, 0.0
         await loop.run_in_executor(None, _check_model, data)
         if self._slots.locked() and self.waiting >= self.limits.max_queue:
+            self.counts["refused_busy"] += 1
             raise Busy(f"{self.limits.max_concurrent} compiles are running and "
                        f"{self.waiting} requests are waiting; try again later")
         self.waiting += 1
