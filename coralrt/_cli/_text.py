@@ -1,12 +1,14 @@
-"""Plain-text formatting shared by the commands: aligned tables and numbers."""
+"""Plain text shared by the commands: aligned tables and numbers out, whole numbers in."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
 
-__all__ = ["table", "shape_str", "size_str", "num", "json_num", "dumps", "plural"]
+__all__ = ["table", "shape_str", "size_str", "num", "json_num", "dumps", "plural",
+           "whole_number"]
 
 # A list of numbers as json.dumps(indent=...) lays it out: one per line.  JSON
 # strings cannot hold a raw newline, so this never matches inside a name.
@@ -71,3 +73,16 @@ def dumps(obj) -> str:
     text = json.dumps(obj, indent=2)
     return _NUMBER_LIST.sub(
         lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",\n")) + "]", text)
+
+
+def whole_number(minimum: int):
+    """An argparse ``type``: a whole number of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+    return parse

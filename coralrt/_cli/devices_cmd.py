@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from coralrt._cli._text import dumps, table
+from coralrt._cli._text import dumps, table, whole_number
 
 __all__ = ["add_parser", "command_devices", "simulated_count", "list_sticks", "device_node",
            "format_devices", "MODE_TEXT"]
@@ -28,15 +28,8 @@ MODE_TEXT = {
 DEV_ROOT = "/dev/bus/usb"
 
 
-def simulated_count(text: str) -> int:
-    """argparse type of ``--simulated``: a count of sticks, 0 or more."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
-    return n
+#: argparse type of ``--simulated``: a count of sticks, 0 or more.
+simulated_count = whole_number(0)
 
 
 def add_simulated_option(parser) -> None:

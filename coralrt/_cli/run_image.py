@@ -9,12 +9,11 @@ object with ``--json``) and, with ``--save``, drawn on the image.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 import warnings
 
-from coralrt._cli._text import dumps, json_num, table
+from coralrt._cli._text import dumps, json_num, table, whole_number
 from coralrt.vision import (
     FITS, TASKS, as_rgb_array, classes_from_scores, detections_from_outputs, draw,
     guess_task, keypoints_from_output, read_labels, run_image, segmentation_from_output,
@@ -42,23 +41,13 @@ def add_arguments(p) -> None:
                    help="with --image, classify: how many classes to print (default: 5)")
     p.add_argument("--fit", choices=FITS, default="stretch",
                    help="with --image: how the image fits the input (default: stretch)")
-    p.add_argument("--max-image-pixels", type=_pixels, default=None, metavar="N",
+    p.add_argument("--max-image-pixels", type=whole_number(1), default=None, metavar="N",
                    help=f"with --image: decode the image only if its header declares at "
                         f"most N pixels (width x height; default: "
                         f"{DEFAULT_MAX_IMAGE_PIXELS}); raise it for a larger trusted image")
     p.add_argument("--save", metavar="OUT.png",
                    help="with --image: draw the result on the image and write it "
                         "(PNG or JPEG, by suffix)")
-
-
-def _pixels(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of pixels: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _result(task: str, sess, outputs: dict, placement, labels, args, threshold: float):
