@@ -3,7 +3,7 @@
 A short, deterministic run of the differential fuzzer (``tools/fuzz_models.py``
 runs long campaigns; ``make fuzz``).  Each case mutates a small model
 (``tests/support/fuzz_cases.py``: bytes, operator rewiring, zero points,
-scales, tensor types) and runs it on every leg: LiteRT's default and
+scales, tensor types, int32 constants) and runs it on every leg: LiteRT's default and
 reference kernels, the NumPy backend and the simulated Edge TPU, each in its
 own child process, on the same seeded inputs (``tests/support/fuzz_legs.py``
 says what must agree and what a leg may decline).  Without ai-edge-litert the
@@ -27,7 +27,7 @@ from support.fuzz_legs import HAVE_LITERT, LITERT_LEGS, Legs, available_legs, ch
 
 SEED = int(os.environ.get("CORALRT_FUZZ_SEED", "0"))
 # The whole file took 25 s on two cores (under 50 s with other work on them).
-CASES_PER_KIND = int(os.environ.get("CORALRT_FUZZ_CASES", "30"))
+CASES_PER_KIND = int(os.environ.get("CORALRT_FUZZ_CASES", "25"))
 MODELS = (*SEEDS, *BUILT)
 
 pytestmark = pytest.mark.skipif(not MODELS_DIR.is_dir(),
@@ -104,6 +104,8 @@ def test_the_check_holds_each_leg_to_its_tolerance():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mutated_models_agree_on_every_leg(legs, tmp_path, kind):
+    if CASES_PER_KIND <= 0:
+        pytest.skip("CORALRT_FUZZ_CASES is 0")
     path = tmp_path / "case.tflite"
     bad, ran = [], 0
     for i in range(CASES_PER_KIND):

@@ -1,7 +1,7 @@
 """Differential fuzzing campaign over coralrt's ways of running a model.
 
 Mutates models (``tests/support/fuzz_cases.py``: bytes, operator rewiring,
-zero points, scales, tensor types) and runs each case on every leg: LiteRT's
+zero points, scales, tensor types, int32 constants) and runs each case on every leg: LiteRT's
 default and reference kernels, the NumPy backend and the simulated Edge TPU,
 each in its own child process (``tests/support/fuzz_legs.py``), on the same
 seeded inputs.  A case fails when a leg dies, hangs or raises something that

@@ -18,7 +18,10 @@ Mutation kinds:
 - ``scale``: one quantized tensor's scale(s) set to 0, a negative, infinite,
   NaN, denormal or huge value;
 - ``type``: one tensor's type field changed to another type, of the same or
-  another byte width.
+  another byte width;
+- ``int32_value``: one element of a constant int32 tensor (a bias, a shape,
+  axes) set to an extreme value (INT32_MIN, INT32_MAX, +-2^30, -1), where
+  accumulators overflow.
 
 The structural kinds decode the model, change one field and write it back
 with coralrt's own flatbuffer writer.
@@ -49,7 +52,7 @@ SLOW = ("deeplabv3_mnv2_dm05_pascal_quant.tflite",)
 
 INPUT_MUTATIONS = ("minus_one", "swap")
 QUANT_MUTATIONS = ("zero_point", "scale", "type")
-KINDS = ("bytes", *INPUT_MUTATIONS, *QUANT_MUTATIONS)
+KINDS = ("bytes", *INPUT_MUTATIONS, *QUANT_MUTATIONS, "int32_value")
 
 # Zero points at and beyond the edges of the 8-, 16- and 32-bit ranges (LiteRT
 # keeps 32 bits of the file's int64).
@@ -59,6 +62,7 @@ ZERO_POINTS = (36192, 352, 256, 128, -129, -200, 65536, -32769, 2**31 - 1, -2**3
 SCALES = (("set", 0.0), ("set", -0.0), ("x", -1.0), ("set", float("inf")),
           ("set", float("-inf")), ("set", float("nan")), ("set", 1e-45), ("set", 1e-39),
           ("set", 3e38), ("x", 1e-6), ("x", 1e6))
+INT32_VALUES = (-2**31, 2**31 - 1, -2**31 + 1, 2**30, -2**30, -1)
 TYPES = ("FLOAT32", "FLOAT16", "INT32", "UINT8", "INT64", "BOOL", "INT16", "INT8",
          "FLOAT64", "UINT32", "UINT16", "INT4", "UINT64", "STRING")
 
@@ -261,7 +265,35 @@ def mutate_tensor(data: bytes, kind: str, rnd: random.Random) -> Mutation | None
     return Mutation(flatbuf.encode(tree), what, _users(tree, sg, ti))
 
 
+def mutate_int32_constant(data: bytes, rnd: random.Random) -> Mutation | None:
+    """``data`` with one element of a constant int32 tensor set to an extreme
+    value; None when the model has no such tensor."""
+    tree = flatbuf.decode(data)
+    buffers = tree.get("buffers") or ()
+    candidates = []
+    for si, sg in enumerate(tree.get("subgraphs") or ()):
+        for ti, t in enumerate(sg.get("tensors") or ()):
+            b = int(t.get("buffer") or 0)
+            raw = buffers[b].get("data") if 0 < b < len(buffers) else None
+            n = _elements(t)
+            if int(t.get("type") or 0) == TENSOR_TYPES["INT32"] and n and raw is not None \
+                    and len(raw) == 4 * n:
+                candidates.append((si, ti, sg, t, b))
+    if not candidates:
+        return None
+    si, ti, sg, t, b = candidates[rnd.randrange(len(candidates))]
+    values = np.frombuffer(bytes(buffers[b]["data"]), "<i4").copy()
+    k = rnd.randrange(values.size)
+    old, values[k] = int(values[k]), rnd.choice(INT32_VALUES)
+    buffers[b]["data"] = np.frombuffer(values.tobytes(), np.uint8)
+    what = (f"subgraph {si} {_tensor_words(sg, ti)} {t.get('name', '')!r}: element {k} "
+            f"{old} -> {int(values[k])}")
+    return Mutation(flatbuf.encode(tree), what, _users(tree, sg, ti))
+
+
 def mutate(data: bytes, kind: str, rnd: random.Random) -> Mutation | None:
+    if kind == "int32_value":
+        return mutate_int32_constant(data, rnd)
     if kind == "bytes":
         return flip_bytes(data, rnd)
     if kind in INPUT_MUTATIONS:

@@ -80,7 +80,8 @@ class LegWorker:
         if self.proc is None or self.proc.poll() is not None:
             # No compile cache: each mutated model would only add an entry.
             # One BLAS thread: the worker forks a process per case.
-            env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CORALRT_CACHE="0",
+            path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+            env = dict(os.environ, PYTHONPATH=path, CORALRT_CACHE="0",
                        OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.fuzz_worker", self.leg,
