@@ -108,17 +108,17 @@ def main() -> int:
                 sig = signature(p, case)
                 if sig not in found:
                     found[sig] = [case, p, 0]
-                    stem = args.save / f"{len(found):03d}-{case.model.replace(':', '_')}-" \
-                                       f"{case.kind}-{args.seed}-{i}"
-                    stem.with_suffix(".tflite").write_bytes(case.mutation.data)
-                    stem.with_suffix(".txt").write_text(
+                    model = case.model.replace(":", "_").removesuffix(".tflite")
+                    stem = f"{len(found):03d}-{model}-{case.kind}-{args.seed}-{i}"
+                    (args.save / f"{stem}.tflite").write_bytes(case.mutation.data)
+                    (args.save / f"{stem}.txt").write_text(
                         f"{case.model}, {case.kind}: {case.mutation.what}\n"
                         f"reproduce: {case.reproduce()}\n{p}\n\n" + "\n".join(
                             f"{leg}: {outcome(a)}: {a.get('message', '')}"
                             for leg, a in answers.items()) + "\n")
                     print(f"case {i}: NEW {p.kind} [{'/'.join(p.legs)}] {case.model} "
                           f"{case.kind}: {case.mutation.what}\n    {str(p)[:400]}\n"
-                          f"    -> {stem}.tflite", flush=True)
+                          f"    -> {args.save / stem}.tflite", flush=True)
                 found[sig][2] += 1
     print(f"\n{len(indices)} cases in {time.monotonic() - start:.0f} s "
           f"(seed {args.seed}, legs {', '.join(legs)})")
