@@ -132,6 +132,12 @@ def _check_operator(sg: Subgraph, oi: int, op: Operator, where: str,
         if spec is not None and spec.io_check is not None:
             resolve(spec.io_check)(sg, op, owhere, types)   # before types learns its output
         check_kernel_quantization(sg, op, owhere, types)
+        # An output the kernel retypes (a FLOAT32-declared ADD of two uint8
+        # inputs is uint8) is held to its zero-point range as that type.
+        for k in op.outputs:
+            if k >= 0 and types.get(k, sg.tensors[k].type_name) != sg.tensors[k].type_name:
+                _check_zero_points(sg.tensors[k], types[k],
+                                   f"{where}, tensor {k} ({sg.tensors[k].name!r})")
         if spec is not None and spec.validate is not None:
             resolve(spec.validate)(sg, op, owhere)   # its structural check (op_checks)
     _check_subgraph_references(op, len(subgraphs), owhere)
@@ -306,13 +312,21 @@ def _check_quantization(t: Tensor, where: str) -> None:
     # spec.  Zero points are checked as the file stores them (int64): LiteRT
     # truncates them to 32 bits, which turns no out-of-range value into a
     # meaningful one.
-    if t.type_name in _RESCALED_TYPES and q.zero_point.size:
-        lo, hi = _ZERO_POINT_RANGE[t.type_name]
-        zps = np.asarray(q.zero_point, np.int64)
-        if zps.min() < lo or zps.max() > hi:
-            bad = zps[(zps < lo) | (zps > hi)]
-            raise ModelError(f"zero point {int(bad[0])} is outside the {t.type_name} range "
-                             f"[{lo}, {hi}]", where=where)
+    _check_zero_points(t, t.type_name, where)
+
+
+def _check_zero_points(t: Tensor, type_name: str, where: str) -> None:
+    """The zero points of ``t``, seen as a ``type_name`` tensor, are in its range."""
+    q = t.quantization
+    if type_name not in _RESCALED_TYPES or q is None or not q.scale.size \
+            or not q.zero_point.size:
+        return
+    lo, hi = _ZERO_POINT_RANGE[type_name]
+    zps = np.asarray(q.zero_point, np.int64)
+    if zps.min() < lo or zps.max() > hi:
+        bad = zps[(zps < lo) | (zps > hi)]
+        raise ModelError(f"zero point {int(bad[0])} is outside the {type_name} range "
+                         f"[{lo}, {hi}]", where=where)
 
 
 def _check_tensor(t: Tensor, where: str) -> None:
