@@ -44,7 +44,7 @@ from coralrt._formats.segment import (
 )
 from coralrt._model import load_model
 from coralrt._model.shapes import inferred_shapes
-from coralrt._model.types import CUSTOM, numpy_dtype, packed_size
+from coralrt._model.types import CUSTOM, TENSOR_TYPES, TYPE_NAMES, numpy_dtype, packed_size
 from coralrt._ops import kernel_table, operators_with
 from coralrt._sim.kernels import kernel_for
 from coralrt._sim.runner import SegmentRunner
@@ -153,6 +153,9 @@ def _retype_outputs(sg, tensors) -> None:
 
 # -- which kernel runs an operator ---------------------------------------------------------
 
+_TYPE_LIST = ("FLOAT32", "FLOAT16", "INT8", "UINT8", "INT16", "INT32", "INT64", "BOOL")
+_TYPES = frozenset(TENSOR_TYPES[n] for n in _TYPE_LIST)
+
 
 def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
     """The kernel factory for ``op`` (``tensors``: its inputs and outputs), or raise
@@ -164,6 +167,14 @@ def pick_kernel(op: SegmentOp, tensors: list, where: str | None = None):
 
     if name in operators_with("calls_subgraphs"):
         refuse("the numpy backend runs subgraph 0 only, without control flow")
+    # Types LiteRT's kernels take for some operators and refuse for others
+    # (CONCATENATION refuses UINT16): declined rather than run where LiteRT
+    # would refuse the model.
+    odd = sorted({TYPE_NAMES.get(t.dtype, str(t.dtype)) for t in tensors
+                  if t is not None and t.dtype not in _TYPES})
+    if odd:
+        refuse(f"the numpy backend runs {', '.join(_TYPE_LIST)} tensors, not "
+               f"{', '.join(odd)}")
     if op.opcode == CUSTOM and name == _EDGETPU_OP:
         refuse("the model is compiled for the Edge TPU; the numpy backend runs the "
                "uncompiled model")

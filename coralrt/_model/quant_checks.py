@@ -51,9 +51,11 @@ from coralrt._model.kernel_view import (
 from coralrt._model.types import Operator, Subgraph, Tensor
 from coralrt._ops import operator_table
 
+_RESCALED = ("UINT8", "INT8", "INT16")
+
 __all__ = ["check_kernel_quantization", "quantize_multiplier_shift", "add", "sub",
            "squared_difference", "comparison", "softmax", "log_softmax",
-           "int16_needs_quantization"]
+           "int16_needs_quantization", "convolution_multiplier"]
 
 
 # -- QuantizeMultiplier and its two checked wrappers ---------------------------------------
@@ -258,6 +260,53 @@ def log_softmax(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -
     if _softmax_input_multiplier_aborts(1.0, legacy(x)[0]):
         fail(op, where, f"input scale {legacy(x)[0]:g} is at most 2^-26",
               "LiteRT's reference")
+
+
+# -- the convolution multiplier (kernel_util.cc) ------------------------------------------
+
+# Operator -> (input, weights, bias) positions.
+_CONV_OPERANDS = {"CONV_2D": (0, 1, 2), "DEPTHWISE_CONV_2D": (0, 1, 2),
+                  "TRANSPOSE_CONV": (2, 1, 3), "FULLY_CONNECTED": (0, 1, 2)}
+
+
+def convolution_multiplier(sg: Subgraph, op: Operator, where: str,
+                           types: dict[int, str]) -> None:
+    """LiteRT's ``GetQuantizedConvolutionMultipler`` (kernel_util.cc), which the
+    uint8 convolutions (``PopulateConvolutionQuantizationParams``) and the
+    per-tensor 8/16-bit FULLY_CONNECTED call while preparing, refuses the
+    model (a clean error, not a crash) unless the float product of the input
+    and weight scales is >= 0 and, with a bias, ``|s_in * s_w - s_bias| / s_out
+    <= 0.02`` in double.  The default kernels skip the check where the XNNPACK
+    delegate takes the operator, the reference kernels never do; coralrt
+    refuses on every target what LiteRT's builtin kernels refuse."""
+    i_in, i_w, i_b = _CONV_OPERANDS[op.name]
+    ins = op.inputs
+    if len(ins) <= i_w or min(ins[i_in], ins[i_w]) < 0 or not op.outputs or op.outputs[0] < 0:
+        return
+    x, w = typed(sg, ins[i_in], types), typed(sg, ins[i_w], types)
+    if op.name == "FULLY_CONNECTED":
+        if x.type_name not in _RESCALED or w.quantization is None \
+                or w.quantization.scale.size > 1:
+            return   # float or hybrid inputs, per-channel weights: not this check
+    elif x.type_name != "UINT8":
+        return
+    out = sg.tensors[op.outputs[0]]
+    s_in, s_w, s_out = legacy(x)[0], legacy(w)[0], legacy(out)[0]
+    has_bias = len(ins) > i_b and ins[i_b] >= 0
+    if has_bias:
+        s_b = legacy(sg.tensors[ins[i_b]])[0]
+        diff = abs(float(s_in) * float(s_w) - float(s_b))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.float64(diff) / np.float64(s_out)
+        if not ratio <= 0.02:
+            raise ModelError(f"the bias scale {float(s_b):g} is not the input scale times the "
+                             f"weight scale ({float(s_in):g} x {float(s_w):g}) within 2% of the "
+                             f"output scale {float(s_out):g}: LiteRT's {op.name} kernel refuses "
+                             f"such a model", where=where)
+    if not float(F32(s_in) * F32(s_w)) >= 0:
+        raise ModelError(f"the input scale {float(s_in):g} times the weight scale "
+                         f"{float(s_w):g} is negative: LiteRT's {op.name} kernel refuses such "
+                         f"a model", where=where)
 
 
 # -- INT16 element-wise operators ----------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from coralrt._model import xnnpack_checks
+from coralrt._model import quant_checks, xnnpack_checks
 from coralrt._ops.checks import (
     batch_matmul_refusal, constant_operands, fc_default_weights, same_dilation,
 )
@@ -45,15 +45,19 @@ def _fc_macs(options, inputs, outputs):
 
 SPECS = (
     OpSpec("CONV_2D", tpu=OpSupport(5, (constant_operands(1, 2), same_dilation, layer_width)),
-           macs=_conv_macs, latency_class="conv", sim=_SIM + "conv_2d"),
+           macs=_conv_macs, latency_class="conv", sim=_SIM + "conv_2d",
+           quant_check=quant_checks.convolution_multiplier),
     OpSpec("DEPTHWISE_CONV_2D", tpu=OpSupport(6, (constant_operands(1, 2), same_dilation)),
-           macs=_depthwise_macs, latency_class="depthwise", sim=_SIM + "depthwise_conv_2d"),
+           macs=_depthwise_macs, latency_class="depthwise", sim=_SIM + "depthwise_conv_2d",
+           quant_check=quant_checks.convolution_multiplier),
     OpSpec("TRANSPOSE_CONV", tpu=OpSupport(3, (constant_operands(0, 1, 3),)),
-           macs=_transpose_conv_macs, latency_class="conv", sim=_SIM + "transpose_conv"),
+           macs=_transpose_conv_macs, latency_class="conv", sim=_SIM + "transpose_conv",
+           quant_check=quant_checks.convolution_multiplier),
     OpSpec("FULLY_CONNECTED",
            tpu=OpSupport(9, (constant_operands(1, 2), fc_default_weights, layer_width)),
            macs=_fc_macs, latency_class="conv", sim=_SIM + "fully_connected",
-           numpy_float="coralrt._backends.numpy_kernels:fully_connected"),
+           numpy_float="coralrt._backends.numpy_kernels:fully_connected",
+           quant_check=quant_checks.convolution_multiplier),
     OpSpec("BATCH_MATMUL", tpu_refusal=batch_matmul_refusal,
            numpy_any="coralrt._backends.numpy_matmul:batch_matmul",
            quant_check=xnnpack_checks.batch_matmul),

@@ -54,8 +54,12 @@ _ALL_REQUIRED = """
 #: (input 1) may be left out by giving one input, but not set to -1.
 OPTIONAL_INPUTS: dict[str, frozenset[int]] = {
     **dict.fromkeys(_ALL_REQUIRED, frozenset()),
-    "CONV_2D": frozenset({2}),                # bias
-    "DEPTHWISE_CONV_2D": frozenset({2}),      # bias
+    # CONV_2D and DEPTHWISE_CONV_2D may have two inputs, but a third set to -1
+    # is refused by both of LiteRT's kernel sets, every type ("Tensor at index
+    # 2 was optional but was expected", a clean error): refused here too, so
+    # that the simulator and the numpy backend do not run what LiteRT refuses.
+    "CONV_2D": frozenset(),
+    "DEPTHWISE_CONV_2D": frozenset(),
     "FULLY_CONNECTED": frozenset({2}),        # bias
     "TRANSPOSE_CONV": frozenset({3}),         # bias
     "CONV_3D": frozenset({2}),                # bias

@@ -1,0 +1,115 @@
+"""What LiteRT's builtin kernels refuse while preparing, coralrt refuses on every
+target: the simulator and the numpy backend used to run these models, so the
+same file ran on one target and was refused on another.
+
+Each case is checked against LiteRT itself (its reference kernels prepare the
+model in a child process): validation refuses exactly when LiteRT does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from coralrt import InferenceSession
+from coralrt.errors import ModelError, UnsupportedOperatorError
+from coralrt.testing import ModelBuilder
+from coralrt._model import load_model
+from coralrt._model.validate import validate
+
+_PREPARE = r"""
+import sys
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+try:
+    Interpreter(model_path=sys.argv[1],
+                experimental_op_resolver_type=OpResolverType.BUILTIN_REF).allocate_tensors()
+    print("ok")
+except Exception as e:
+    print("refused", str(e).splitlines()[0])
+"""
+
+
+def _litert_prepares(path) -> bool:
+    r = subprocess.run([sys.executable, "-c", _PREPARE, str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout.startswith(("ok", "refused")), r.stderr[-500:]
+    return r.stdout.startswith("ok")
+
+
+def _validates(path) -> bool:
+    try:
+        validate(load_model(path))
+        return True
+    except ModelError:
+        return False
+
+
+def _conv(op, dtype, s_w, s_b, per_channel=False, bias=True) -> bytes:
+    m = ModelBuilder()
+    x = m.input("x", (1, 4, 4, 8), dtype, scale=0.05, zero_point=0)
+    wq = ({"scale": [s_w] * 8, "zero_point": [0] * 8} if per_channel
+          else {"scale": s_w, "zero_point": 0})
+    shape = (8, 1, 1, 8) if op == "CONV_2D" else (8, 128)
+    ins = [x, m.constant("w", np.ones(shape, dtype), **wq)]
+    if bias:
+        bq = ({"scale": [s_b] * 8, "zero_point": [0] * 8} if per_channel
+              else {"scale": s_b, "zero_point": 0})
+        ins.append(m.constant("b", np.zeros(8, np.int32), **bq))
+    else:
+        ins.append(-1)
+    y = m.tensor("y", (1, 4, 4, 8) if op == "CONV_2D" else (1, 8), dtype, scale=1.0,
+                 zero_point=0)
+    kw = {"padding": "SAME", "stride_w": 1, "stride_h": 1} if op == "CONV_2D" else {}
+    m.op(op, ins, [y], **kw)
+    m.output(y)
+    return m.build().to_bytes()
+
+
+# (weight scale, bias scale): the product of the input (0.05) and weight scales
+# is 0.0025; LiteRT allows the bias scale to differ by 2% of the output scale (1.0).
+SCALES = [(0.05, 0.0025), (0.05, 0.0224), (0.05, 0.0226), (0.05, 0.5), (-0.05, -0.0025)]
+CASES = [(op, dt, s_w, s_b, pc) for op in ("CONV_2D", "FULLY_CONNECTED")
+         for dt, pcs in ((np.uint8, (False,)), (np.int8, (False, True)))
+         for pc in pcs for s_w, s_b in SCALES]
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("op,dtype,s_w,s_b,per_channel", CASES)
+def test_the_convolution_multiplier_is_refused_exactly_when_litert_refuses_it(
+        tmp_path, op, dtype, s_w, s_b, per_channel):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_conv(op, dtype, s_w, s_b, per_channel))
+    assert _validates(path) == _litert_prepares(path)
+
+
+def test_a_bias_scale_far_from_input_times_weight_is_refused_on_every_target(tmp_path):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_conv("CONV_2D", np.uint8, 0.05, 0.5))
+    for target, extra in (("cpu", {}), ("cpu", {"backend": "numpy"}), ("sim", {})):
+        with pytest.raises(ModelError, match="bias scale 0.5 is not the input scale times"):
+            InferenceSession(path, target=target, **extra)
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_a_convolution_bias_set_to_minus_one_is_refused_as_litert_does(tmp_path, dtype):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_conv("CONV_2D", dtype, 0.05, 0.0025, bias=False))
+    assert not _litert_prepares(path)
+    with pytest.raises(ModelError, match="input 2 of CONV_2D is -1"):
+        InferenceSession(path, target="sim")
+
+
+def test_the_numpy_backend_declines_types_litert_refuses_for_some_operators(tmp_path):
+    m = ModelBuilder()
+    a, b = m.input("a", (2, 3), np.uint16), m.input("b", (2, 3), np.uint16)
+    y = m.tensor("y", (4, 3), np.uint16)
+    m.op("CONCATENATION", [a, b], [y], axis=0)
+    m.output(y)
+    path = tmp_path / "m.tflite"
+    path.write_bytes(m.build().to_bytes())
+    with pytest.raises(UnsupportedOperatorError, match="not UINT16"):
+        InferenceSession(path, target="cpu", backend="numpy")
