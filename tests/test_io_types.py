@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MODELS_DIR, REPO_ROOT
+from conftest import MODELS_DIR, REPO_ROOT, run_litert
 
 from coralrt import InferenceSession
 from coralrt.errors import ModelError
@@ -123,18 +123,20 @@ def test_litert_itself_dies_on_what_is_refused(tmp_path, op, kernels):
     assert _litert_outcome(path, kernels).startswith("died")
 
 
+@pytest.mark.needs_litert("the CPU target runs these operators with LiteRT")
 @pytest.mark.parametrize("op", IO_OPS)
 def test_consistent_types_still_run_and_match_litert(tmp_path, op):
     dtype = np.float32 if op in ("MEAN", "CUMSUM", "SEGMENT_SUM") else np.int32
-    path = tmp_path / f"{op}.tflite"
-    path.write_bytes(_single(op, dtype, dtype))
-    session = InferenceSession(path, target="cpu")
-    x = np.arange(np.prod(session.get_inputs()[0].shape)).reshape(
-        session.get_inputs()[0].shape).astype(dtype) % 7
+    data = _single(op, dtype, dtype)
+    session = InferenceSession(data, target="cpu")
+    shape = session.get_inputs()[0].shape
+    x = (np.arange(np.prod(shape)).reshape(shape) % 7).astype(dtype)
     got = list(session.run([x]).values())[0]
     assert got.dtype == dtype
+    assert np.array_equal(got, run_litert(data, [x])[0])
 
 
+@pytest.mark.needs_litert("the CPU target runs EMBEDDING_LOOKUP with LiteRT")
 def test_the_hybrid_embedding_lookup_keeps_its_float_output(tmp_path):
     m = ModelBuilder()
     table = m.input("t", (8, 4), np.uint8, scale=0.5, zero_point=0)
