@@ -113,3 +113,40 @@ def test_the_numpy_backend_declines_types_litert_refuses_for_some_operators(tmp_
     path.write_bytes(m.build().to_bytes())
     with pytest.raises(UnsupportedOperatorError, match="not UINT16"):
         InferenceSession(path, target="cpu", backend="numpy")
+
+
+def _conv_bias(op, x_dtype, b_dtype, b_zero_point) -> bytes:
+    m = ModelBuilder()
+
+    def q(dtype, scale=0.05):
+        return {} if dtype == np.float32 else {"scale": scale, "zero_point": 0}
+
+    x = m.input("x", (1, 4, 4, 8), x_dtype, **q(x_dtype))
+    w_dtype = np.int8 if x_dtype == np.int16 else x_dtype
+    shape = (8, 1, 1, 8) if op == "CONV_2D" else (1, 1, 1, 8)
+    w = m.constant("w", np.ones(shape, w_dtype), **q(w_dtype))
+    bq = ({} if b_dtype == np.float32 and x_dtype == np.float32
+          else {"scale": 0.0025, "zero_point": b_zero_point})
+    b = m.constant("b", np.zeros(8, b_dtype), **bq)
+    y = m.tensor("y", (1, 4, 4, 8), x_dtype, **q(x_dtype, 1.0))
+    kw = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+    if op == "DEPTHWISE_CONV_2D":
+        kw["depth_multiplier"] = 1
+    m.op(op, [x, w, b], [y], **kw)
+    m.output(y)
+    return m.build().to_bytes()
+
+
+BIAS_CASES = [(op, x, b, zp) for op in ("CONV_2D", "DEPTHWISE_CONV_2D")
+              for x in (np.float32, np.uint8, np.int8, np.int16)
+              for b in (np.int32, np.int64, np.float32, np.int8)
+              for zp in ((0, 5) if b != np.float32 else (0,))]
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("op,x_dtype,b_dtype,zero_point", BIAS_CASES)
+def test_the_convolution_bias_is_refused_exactly_when_litert_refuses_it(
+        tmp_path, op, x_dtype, b_dtype, zero_point):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_conv_bias(op, x_dtype, b_dtype, zero_point))
+    assert _validates(path) == _litert_prepares(path)

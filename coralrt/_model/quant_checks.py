@@ -55,7 +55,8 @@ _RESCALED = ("UINT8", "INT8", "INT16")
 
 __all__ = ["check_kernel_quantization", "quantize_multiplier_shift", "add", "sub",
            "squared_difference", "comparison", "softmax", "log_softmax",
-           "int16_needs_quantization", "convolution_multiplier"]
+           "int16_needs_quantization", "convolution_multiplier",
+           "convolution_bias", "convolution"]
 
 
 # -- QuantizeMultiplier and its two checked wrappers ---------------------------------------
@@ -307,6 +308,37 @@ def convolution_multiplier(sg: Subgraph, op: Operator, where: str,
         raise ModelError(f"the input scale {float(s_in):g} times the weight scale "
                          f"{float(s_w):g} is negative: LiteRT's {op.name} kernel refuses such "
                          f"a model", where=where)
+
+
+def convolution_bias(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """CONV_2D and DEPTHWISE_CONV_2D check their bias while preparing (conv.cc,
+    depthwise_conv.cc; a clean error): for 8-bit inputs an INT32 bias, for
+    INT16 inputs an INT64 one (CONV_2D also takes INT32), each with zero point
+    0, and for other inputs a bias of the input's type.  Refused here on every
+    target, so that no target runs what LiteRT refuses."""
+    ins = op.inputs
+    if len(ins) < 3 or ins[0] < 0 or ins[2] < 0:
+        return
+    x, b = typed(sg, ins[0], types), typed(sg, ins[2], types)
+    if x.type_name in EIGHT_BIT:
+        allowed = ("INT32",)
+    elif x.type_name == "INT16":
+        allowed = ("INT32", "INT64") if op.name == "CONV_2D" else ("INT64",)
+    else:
+        allowed = (x.type_name,)
+    if b.type_name not in allowed:
+        raise ModelError(f"the bias is {b.type_name} but a {x.type_name} input takes "
+                         f"{' or '.join(allowed)}: LiteRT's {op.name} kernel refuses such a "
+                         f"model", where=where)
+    if x.type_name in (*EIGHT_BIT, "INT16") and legacy(b)[1] != 0:
+        raise ModelError(f"the bias has zero point {legacy(b)[1]}, not 0: LiteRT's {op.name} "
+                         f"kernel refuses such a model", where=where)
+
+
+def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """CONV_2D and DEPTHWISE_CONV_2D: the bias, then the multiplier."""
+    convolution_bias(sg, op, where, types)
+    convolution_multiplier(sg, op, where, types)
 
 
 # -- INT16 element-wise operators ----------------------------------------------------------
