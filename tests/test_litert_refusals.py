@@ -150,3 +150,49 @@ def test_the_convolution_bias_is_refused_exactly_when_litert_refuses_it(
     path = tmp_path / "m.tflite"
     path.write_bytes(_conv_bias(op, x_dtype, b_dtype, zero_point))
     assert _validates(path) == _litert_prepares(path)
+
+
+CONCAT_CASES = [([(2, 3), (2, 3)], 0), ([(2, 3), (2, 4)], 1), ([(2, 3), (2, 4)], 0),
+                ([(2, 3), (3,)], 0), ([(2, 3), (2, 3)], 2), ([(2, 3), (2, 3)], -1),
+                ([(1, 2, 3), (1, 5, 3), (1, 1, 3)], 1)]
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("shapes,axis", CONCAT_CASES)
+def test_concatenation_shapes_are_refused_exactly_when_litert_refuses_them(tmp_path, shapes,
+                                                                           axis):
+    m = ModelBuilder()
+    ins = [m.input(f"x{k}", s, np.float32) for k, s in enumerate(shapes)]
+    rank = len(shapes[0])
+    a = axis + rank if axis < 0 else axis
+    out = list(shapes[0])
+    if 0 <= a < rank:
+        out[a] = sum(s[a] if len(s) > a else 0 for s in shapes)
+    y = m.tensor("y", tuple(out), np.float32)
+    m.op("CONCATENATION", ins, [y], axis=axis)
+    m.output(y)
+    path = tmp_path / "m.tflite"
+    path.write_bytes(m.build().to_bytes())
+    assert _validates(path) == _litert_prepares(path)
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("op,bias_shape", [("CONV_2D", (8,)), ("CONV_2D", (9,)),
+                                           ("CONV_2D", (2, 4)), ("DEPTHWISE_CONV_2D", (8,)),
+                                           ("DEPTHWISE_CONV_2D", (2, 4)),
+                                           ("DEPTHWISE_CONV_2D", (7,))])
+def test_a_convolution_bias_of_the_wrong_size_is_refused_as_litert_does(tmp_path, op,
+                                                                       bias_shape):
+    m = ModelBuilder()
+    x = m.input("x", (1, 4, 4, 8), np.float32)
+    w = m.constant("w", np.ones((8, 1, 1, 8) if op == "CONV_2D" else (1, 1, 1, 8), np.float32))
+    b = m.constant("b", np.zeros(bias_shape, np.float32))
+    y = m.tensor("y", (1, 4, 4, 8), np.float32)
+    kw = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+    if op == "DEPTHWISE_CONV_2D":
+        kw["depth_multiplier"] = 1
+    m.op(op, [x, w, b], [y], **kw)
+    m.output(y)
+    path = tmp_path / "m.tflite"
+    path.write_bytes(m.build().to_bytes())
+    assert _validates(path) == _litert_prepares(path)

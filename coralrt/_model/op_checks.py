@@ -351,10 +351,18 @@ def concatenation(sg: Subgraph, op: Operator, where: str) -> None:
     rank = len(shapes[0])
     axis = op.options.get("axis", 0)
     axis = axis + rank if axis < 0 else axis
-    if not rank or not 0 <= axis < rank or any(
-            len(s) != rank or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]
-            for s in shapes):
-        return  # the kernel rejects these itself
+    # LiteRT refuses these too while preparing (concatenation.cc: the axis
+    # within the first input's rank, every input of that rank and equal to it
+    # outside the axis), a clean error the numpy backend and the simulator
+    # would only meet when they run.
+    if not rank or not 0 <= axis < rank:
+        raise ModelError(f"CONCATENATION axis {op.options.get('axis', 0)} is outside the "
+                         f"first input's rank {rank}", where=where)
+    for k, s in enumerate(shapes):
+        if len(s) != rank or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]:
+            raise ModelError(f"CONCATENATION input {k} has shape {list(s)}, which does not "
+                             f"match input 0's {list(shapes[0])} outside axis {axis}",
+                             where=where)
     want = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
     out = sg.tensors[op.outputs[0]].shape
     if out != want:

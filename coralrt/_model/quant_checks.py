@@ -333,6 +333,17 @@ def convolution_bias(sg: Subgraph, op: Operator, where: str, types: dict[int, st
     if x.type_name in (*EIGHT_BIT, "INT16") and legacy(b)[1] != 0:
         raise ModelError(f"the bias has zero point {legacy(b)[1]}, not 0: LiteRT's {op.name} "
                          f"kernel refuses such a model", where=where)
+    if ins[1] < 0:
+        return
+    w_shape, b_shape = tuple(sg.tensors[ins[1]].shape), tuple(b.shape)
+    if op.name == "CONV_2D":
+        ok = len(w_shape) >= 1 and math.prod(b_shape) == w_shape[0]
+    else:   # DEPTHWISE_CONV_2D
+        ok = len(w_shape) == 4 and len(b_shape) == 1 and b_shape[0] == w_shape[3]
+    if not ok:
+        raise ModelError(f"the bias has shape {list(b_shape)} for weights of shape "
+                         f"{list(w_shape)}: LiteRT's {op.name} kernel refuses such a model "
+                         f"(one bias per output channel)", where=where)
 
 
 def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
