@@ -13,12 +13,14 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import MODELS_DIR, run_litert
 
 from coralrt import InferenceSession
-from coralrt.errors import ModelError, UnsupportedOperatorError
+from coralrt.errors import InferenceError, ModelError, UnsupportedOperatorError
 from coralrt.testing import ModelBuilder
 from coralrt._model import load_model
 from coralrt._model.validate import validate
+from coralrt._model.writer import write_model
 
 _PREPARE = r"""
 import sys
@@ -196,3 +198,39 @@ def test_a_convolution_bias_of_the_wrong_size_is_refused_as_litert_does(tmp_path
     path = tmp_path / "m.tflite"
     path.write_bytes(m.build().to_bytes())
     assert _validates(path) == _litert_prepares(path)
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own inference")
+def test_a_reshape_whose_shape_comes_at_run_time_as_no_vector_is_refused(tmp_path):
+    # The shape operand is an INT8 matrix computed at run time: LiteRT falls back
+    # to the (absent) new_shape option, a scalar, and fails when it runs.
+    m = ModelBuilder()
+    x = m.input("x", (2, 3), np.float32)
+    s = m.input("s", (1, 2), np.int8)
+    y = m.tensor("y", (6,), np.float32)
+    m.op("RESHAPE", [x, s], [y])
+    m.output(y)
+    data = m.build().to_bytes()
+    with pytest.raises(RuntimeError, match="num_input_elements != num_output_elements"):
+        run_litert(data, [np.zeros((2, 3), np.float32), np.zeros((1, 2), np.int8)],
+                   kernels="reference")
+    with pytest.raises(ModelError, match=r"RESHAPE of 6 elements to \[\]"):
+        InferenceSession(data, target="cpu", backend="numpy")
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own inference")
+@pytest.mark.skipif(not MODELS_DIR.is_dir(), reason=f"test models folder {MODELS_DIR} is absent")
+def test_decoded_boxes_the_wrong_way_round_fail_the_numpy_backend_as_litert(tmp_path):
+    # Anchors with zero point 128 dequantize to negative sizes: LiteRT's
+    # ValidateBoxes fails the inference; the numpy backend answered boxes.
+    model = load_model(MODELS_DIR / "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite")
+    sg = model.subgraphs[0]
+    anchors = next(t for t in sg.tensors if t.name == "anchors")
+    anchors.quantization.zero_point = np.array([128], np.int64)
+    data = write_model(model)
+    feeds = [np.full(i.shape, 128, i.dtype)
+             for i in InferenceSession(data, target="cpu", backend="numpy").get_inputs()]
+    with pytest.raises(RuntimeError, match="ValidateBoxes"):
+        run_litert(data, feeds)
+    with pytest.raises(InferenceError, match="ymin > ymax or xmin > xmax"):
+        InferenceSession(data, target="cpu", backend="numpy").run(feeds)

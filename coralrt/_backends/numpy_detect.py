@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coralrt.errors import ModelError
+from coralrt.errors import InferenceError, ModelError
 from coralrt._model.custom_options import decode_flexbuffer_map
 from coralrt._sim.kernels import OpContext
 
@@ -142,6 +142,13 @@ def detection_postprocess(ctx: OpContext):
             hh = (0.5 * np.exp(enc[:, 2] / hs) * anc[:, 2]).astype(np.float32)
             hw = (0.5 * np.exp(enc[:, 3] / ws) * anc[:, 3]).astype(np.float32)
         boxes = np.stack([yc - hh, xc - hw, yc + hh, xc + hw], axis=1)
+        # LiteRT checks every decoded box before its suppression
+        # (detection_postprocess.cc, ValidateBoxes) and fails the inference
+        # on one whose corners are the wrong way round (a negative anchor or
+        # scale); NaN corners pass, as they do there.
+        if (boxes[:, 0] > boxes[:, 2]).any() or (boxes[:, 1] > boxes[:, 3]).any():
+            raise InferenceError(f"{DETECTION_POSTPROCESS}: a decoded box has ymin > ymax or "
+                                 f"xmin > xmax (negative anchor sizes or box scales)")
         scores = de_score(inputs[1]).reshape(num_boxes, with_bg)[:, offset:]
         out_boxes = np.zeros((n_out, 4), np.float32)
         out_classes = np.zeros(n_out, np.float32)

@@ -125,8 +125,10 @@ def _reshape_target(sg: Subgraph, op: Operator, where: str) -> list[int] | None:
     """The shape LiteRT's RESHAPE (reshape.cc, GetOutputShape) reshapes to, when
     it is known before the model runs: its shape operand if that is a 1-D INT32
     tensor, else the new_shape option.  None when it is computed at run time,
-    or when neither names one (the builtin kernel then makes a scalar, the
-    XNNPACK delegate uses the declared output shape)."""
+    or when neither names one and the shape operand is constant or absent (the
+    builtin kernel then makes a scalar, the XNNPACK delegate uses the declared
+    output shape); a scalar when neither names one and the shape operand is
+    computed at run time (the output is then dynamic and no delegate takes it)."""
     shape_t = sg.tensors[op.inputs[1]] if len(op.inputs) == 2 and op.inputs[1] >= 0 else None
     if shape_t is not None and len(shape_t.shape) == 1 and shape_t.type_name == "INT32":
         if not shape_t.is_constant:
@@ -136,7 +138,10 @@ def _reshape_target(sg: Subgraph, op: Operator, where: str) -> list[int] | None:
         return [int(d) for d in shape_t.data.reshape(-1)]
     new_shape = [int(d) for d in op.options.get("new_shape") or []]
     if not new_shape:
-        return None
+        # A shape operand computed at run time makes the output dynamic, which
+        # the XNNPACK delegate never takes: the builtin kernel makes a scalar.
+        dynamic = shape_t is not None and not shape_t.is_constant
+        return [] if dynamic else None
     # A new_shape of [0] means a scalar in old files (reshape.cc, GetOutputShapeFromParam).
     return [] if new_shape == [0] else new_shape
 
