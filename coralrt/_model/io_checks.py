@@ -42,6 +42,12 @@ output must have the arithmetic's type, and each state at least its bytes
 (a wider state is read back only by the kernel, with its own type, and
 changes nothing: LiteRT runs it, and the simulator and the NumPy backend
 decline it).
+
+CONV_2D and DEPTHWISE_CONV_2D do check their types while preparing (conv.cc,
+depthwise_conv.cc: the input is float32, uint8, int8 or int16 and the output
+has its type), so LiteRT refuses what :func:`convolution` refuses; the rule is
+here so that the simulated Edge TPU and the NumPy backend, whose kernels
+would run such a convolution, refuse the same model.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from coralrt.errors import ModelError
 from coralrt._model.kernel_view import EIGHT_BIT, typed
 from coralrt._model.types import TENSOR_TYPES, Operator, Subgraph, packed_size
 
-__all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm"]
+__all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm", "convolution"]
 
 # EMBEDDING_LOOKUP's hybrid kernel dequantizes 8-bit (and 4-bit) tables into a
 # float32 output (embedding_lookup.cc, EvalHybrid): the one type change it makes.
@@ -133,3 +139,24 @@ def sequence_lstm(sg: Subgraph, op: Operator, where: str, types: dict[int, str])
             raise ModelError(f"{role} (input {k}) of type {t.type_name} is narrower than "
                              f"the {want} values LiteRT's {kind} {op.name} kernel writes "
                              f"into it (past its buffer: the process dies)", where=where)
+
+
+# The input types conv.cc and depthwise_conv.cc take.
+_CONV_TYPES = ("FLOAT32", "UINT8", "INT8", "INT16")
+
+
+def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """CONV_2D, DEPTHWISE_CONV_2D: the input is one of the types the kernel
+    takes, and the output has the input's type (LiteRT refuses too)."""
+    pair = _types(sg, op, 0, types)
+    if pair is None:
+        return
+    source, out = pair
+    if source not in _CONV_TYPES:
+        raise ModelError(f"input type {source} is not one LiteRT's {op.name} kernel takes "
+                         f"({', '.join(_CONV_TYPES)}); LiteRT refuses the model too",
+                         where=where)
+    if out != source:
+        raise ModelError(f"output type {out} differs from the input's type {source}, which "
+                         f"LiteRT's {op.name} kernel requires; LiteRT refuses the model too",
+                         where=where)

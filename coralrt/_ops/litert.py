@@ -185,6 +185,9 @@ IO_CHECKS: dict[str, str] = {
                     _IO + "output_has_input_type"),
     "EMBEDDING_LOOKUP": _IO + "embedding_lookup",
     "UNIDIRECTIONAL_SEQUENCE_LSTM": _IO + "sequence_lstm",
+    # These check their types themselves; the same check refuses the model on
+    # every target (coralrt's kernels would run it).
+    **dict.fromkeys(("CONV_2D", "DEPTHWISE_CONV_2D"), _IO + "convolution"),
 }
 
 
