@@ -222,3 +222,71 @@ def test_zero_points_at_the_ends_of_the_range_run(tmp_path, zp):
     shape = session.get_inputs()[0].shape
     out = list(session.run([np.full(shape, 128, np.uint8)]).values())[0]
     assert out.shape[-1] == 1001
+
+
+# -- convolutions: LiteRT refuses these itself; every target refuses them too --------------
+
+
+def _conv(op: str, base, x_type: str | None = None, y_type: str | None = None) -> bytes:
+    """A 1x1 ``op`` on a 1x4x4x8 ``base`` (uint8 or float32) tensor, its input
+    and output then retyped to ``x_type`` and ``y_type``."""
+    from coralrt._model.types import TENSOR_TYPES
+    m = ModelBuilder()
+    q = {"scale": 0.05, "zero_point": 100} if base == np.uint8 else {}
+    x = m.input("x", (1, 4, 4, 8), base, **q)
+    shape = (8, 1, 1, 8) if op == "CONV_2D" else (1, 1, 1, 8)
+    if base == np.uint8:
+        w = m.constant("w", np.full(shape, 130, np.uint8), scale=0.01, zero_point=128)
+        bias = m.constant("b", np.zeros(8, I32), scale=0.0005, zero_point=0)
+    else:
+        w = m.constant("w", np.full(shape, 0.5, np.float32))
+        bias = m.constant("b", np.zeros(8, np.float32))
+    y = m.tensor("y", (1, 4, 4, 8), base, **q)
+    extra = {"depth_multiplier": 1} if op == "DEPTHWISE_CONV_2D" else {}
+    m.op(op, [x, w, bias], [y], padding="SAME", stride_w=1, stride_h=1, **extra)
+    m.output(y)
+    model = m.build()
+    for name, type_name in (("x", x_type), ("y", y_type)):
+        if type_name is not None:
+            next(t for t in model.main.tensors if t.name == name).type = TENSOR_TYPES[type_name]
+    return write_model(model)
+
+
+CONV_MISMATCHES = [(np.uint8, None, "INT16"), (np.uint8, None, "FLOAT64"),
+                   (np.uint8, "INT8", None), (np.float32, None, "FLOAT16"),
+                   (np.uint8, "INT32", "INT32")]
+
+
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("base,x_type,y_type", CONV_MISMATCHES)
+@pytest.mark.parametrize("target", ["cpu", "numpy", "sim"])
+def test_a_convolution_typed_as_litert_refuses_is_refused_on_every_target(
+        tmp_path, op, base, x_type, y_type, target):
+    # Found by the model fuzzer: LiteRT refused a uint8 CONV_2D with an INT16
+    # output (conv.cc: "output->type != input_type") while the simulated Edge
+    # TPU and the NumPy backend ran it.
+    path = tmp_path / f"{op}.tflite"
+    path.write_bytes(_conv(op, base, x_type, y_type))
+    kwargs = {"backend": "numpy"} if target == "numpy" else {}
+    with pytest.raises(ModelError, match=rf"\({op}\): (input|output) type .* LiteRT refuses "
+                                         rf"the model too"):
+        InferenceSession(path, target="cpu" if target == "numpy" else target, **kwargs)
+
+
+@pytest.mark.skipif(not HAVE_LITERT, reason="ai-edge-litert is not installed")
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("base,x_type,y_type", CONV_MISMATCHES)
+@pytest.mark.parametrize("kernels", ["optimized", "reference"])
+def test_litert_refuses_those_convolutions_itself(op, base, x_type, y_type, kernels):
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    kind = OpResolverType.BUILTIN_REF if kernels == "reference" else OpResolverType.AUTO
+    it = Interpreter(model_content=_conv(op, base, x_type, y_type),
+                     experimental_op_resolver_type=kind)
+    with pytest.raises(RuntimeError, match="failed to prepare"):
+        it.allocate_tensors()
+
+
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("base", [np.uint8, np.float32])
+def test_consistently_typed_convolutions_still_load(op, base):
+    load_model(_conv(op, base))

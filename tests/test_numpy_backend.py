@@ -617,3 +617,35 @@ def test_the_libedgetpu_driver_needs_an_interpreter_backend():
     model = jit_compile(shared_model("mobilenet_v1_0.25_128_quant.tflite")).model
     with pytest.raises(ConfigError, match="'numpy' cannot load delegates"):
         libedgetpu.load_program(model, backend=NumpyBackend())
+
+
+def _retyped(data: bytes, tensor: str, type_name: str) -> bytes:
+    from coralrt._model import flatbuf
+    from coralrt._model.types import TENSOR_TYPES
+    tree = flatbuf.decode(data)
+    tensors = tree["subgraphs"][0]["tensors"]
+    next(t for t in tensors if t["name"] == tensor)["type"] = TENSOR_TYPES[type_name]
+    return flatbuf.encode(tree)
+
+
+@pytest.mark.parametrize("type_name", ["STRING", "INT4"])
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_model_input_or_output_without_numpy_type_is_refused_at_load(type_name, which):
+    # Found by the model fuzzer: a STRING or INT4 model input or output (types
+    # NumPy has no dtype for) raised a raw AttributeError while the backend
+    # described the model's inputs and outputs.  LiteRT runs both models (it
+    # takes and returns INT4 as int8 arrays, STRING as arrays of bytes).
+    b = ModelBuilder()
+    x = b.input("x", (1, 8), np.uint8, scale=0.5, zero_point=3)
+    if which == "input":      # a model that returns its input
+        b.output(x)
+        name = "x"
+    else:                     # a SPLIT output
+        ys = [b.tensor(f"y{k}", (1, 4), np.uint8, scale=0.5, zero_point=3) for k in range(2)]
+        b.op("SPLIT", [b.constant("axis", np.array(1, np.int32)), x], ys, num_splits=2)
+        b.output(*ys)
+        name = "y1"
+    data = _retyped(b.build().to_bytes(), name, type_name)
+    with pytest.raises(ModelError, match=f"{which} tensor '{name}' is {type_name}") as info:
+        NumpyBackend().load(data)
+    assert "litert" in str(info.value)

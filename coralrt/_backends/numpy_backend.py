@@ -21,7 +21,9 @@ riscv64): everything runs on the host CPU, in NumPy, in the calling thread.
 ``num_threads`` is accepted and ignored: the integer kernels take their thread
 count from ``CORALRT_SIM_THREADS`` (default 1).  Only subgraph 0 runs; models
 whose subgraph 0 calls others (control flow) are refused, as is any operator
-without a kernel (:class:`~coralrt.errors.UnsupportedOperatorError` at load).
+without a kernel (:class:`~coralrt.errors.UnsupportedOperatorError` at load), and
+a model input or output of a type NumPy has no dtype for (STRING, INT4:
+:class:`~coralrt.errors.ModelError` at load).
 The Edge TPU's on-chip memory limit does not apply: the model is described to
 the runner without a memory plan.  Input shapes are static.
 """
@@ -202,6 +204,19 @@ def _dispatch(ctx):
 # -- the program -------------------------------------------------------------------------
 
 
+def _check_io_types(seg: Segment) -> None:
+    """Refuse model inputs and outputs of a type NumPy has no dtype for (STRING,
+    the packed sub-byte types): the backend takes and returns NumPy arrays."""
+    for kind, indices in (("input", seg.inputs), ("output", seg.outputs)):
+        for i in indices:
+            t = seg.tensors[i]
+            if numpy_dtype(t.dtype) is None:
+                name = TYPE_NAMES.get(t.dtype, t.dtype)
+                raise ModelError(f"{kind} tensor {t.name!r} is {name}, a type the numpy "
+                                 f"backend has no array for; run the model on the litert "
+                                 f"backend", where=f"tensor {i}")
+
+
 def _details(t, index: int, signature) -> dict[str, Any]:
     scales = np.asarray(t.scales, np.float32)
     zps = np.asarray(t.zero_points, np.int32)
@@ -290,6 +305,7 @@ class NumpyBackend(CpuBackend):
         model_bytes = self.checked_load_arguments(model_bytes, num_threads, kernels)
         model = load_model(model_bytes)
         segment = describe(model)
+        _check_io_types(segment)
         for i, op in enumerate(segment.ops):
             pick_kernel(op, [segment.tensors[k] for k in (*op.inputs, *op.outputs) if k >= 0],
                         where=f"operator {i}")

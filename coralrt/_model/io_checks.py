@@ -26,15 +26,37 @@ although LiteRT refuses a byte-size mismatch itself when it runs
 ("input->bytes != output->bytes"), because at equal sizes it reinterprets too.
 Types are the ones LiteRT has given the tensors by then (``types``, see
 :mod:`coralrt._model.kernel_view`).
+
+UNIDIRECTIONAL_SEQUENCE_LSTM checks none of its output and state types either
+(unidirectional_sequence_lstm.cc): it picks float, hybrid or integer
+arithmetic from its input-to-output weights and its input, and writes its
+output and both states with that arithmetic's types (float32; or int8 output
+and output state, int16 cell state), into buffers sized by their declared
+types.  Measured with ai-edge-litert 2.3 on both kernel sets: a STRING output
+(no buffer) dies with SIGSEGV; a narrower one (INT4, half a byte per value)
+is written past its end; a wider one (UINT32, FLOAT32, FLOAT64 for int8
+values) is returned with most of its bytes never written; a cell state
+narrower than int16 (INT8, UINT8, BOOL, INT4) is written past its end, and
+with 4 x 256 cells the process dies (SIGABRT, heap corruption).  So the
+output must have the arithmetic's type, and each state at least its bytes
+(a wider state is read back only by the kernel, with its own type, and
+changes nothing: LiteRT runs it, and the simulator and the NumPy backend
+decline it).
+
+CONV_2D and DEPTHWISE_CONV_2D do check their types while preparing (conv.cc,
+depthwise_conv.cc: the input is float32, uint8, int8 or int16 and the output
+has its type), so LiteRT refuses what :func:`convolution` refuses; the rule is
+here so that the simulated Edge TPU and the NumPy backend, whose kernels
+would run such a convolution, refuse the same model.
 """
 
 from __future__ import annotations
 
 from coralrt.errors import ModelError
-from coralrt._model.kernel_view import typed
-from coralrt._model.types import Operator, Subgraph
+from coralrt._model.kernel_view import EIGHT_BIT, typed
+from coralrt._model.types import TENSOR_TYPES, Operator, Subgraph, packed_size
 
-__all__ = ["output_has_input_type", "embedding_lookup"]
+__all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm", "convolution"]
 
 # EMBEDDING_LOOKUP's hybrid kernel dequantizes 8-bit (and 4-bit) tables into a
 # float32 output (embedding_lookup.cc, EvalHybrid): the one type change it makes.
@@ -72,3 +94,69 @@ def embedding_lookup(sg: Subgraph, op: Operator, where: str, types: dict[int, st
     table, out = pair
     if table != out and not (out == "FLOAT32" and table in _HYBRID_TABLES):
         _refuse(op, where, table, out, 1)
+
+
+# The types UNIDIRECTIONAL_SEQUENCE_LSTM writes its output, output state and
+# cell state with, per arithmetic.
+_FLOAT_LSTM = ("FLOAT32", "FLOAT32", "FLOAT32")
+_INTEGER_LSTM = ("INT8", "INT8", "INT16")
+
+
+def _lstm_arithmetic(x: str, w: str) -> tuple[str, tuple[str, str, str]] | None:
+    """The arithmetic unidirectional_sequence_lstm.cc (Eval) picks from the
+    input-to-output weights' type ``w`` and the input's type ``x``, and the
+    types it writes; None where it writes nothing (it refuses the types)."""
+    if w == "FLOAT32":
+        return "float", _FLOAT_LSTM
+    if w in EIGHT_BIT and x == "FLOAT32":
+        return "hybrid", _FLOAT_LSTM
+    if w in EIGHT_BIT and x == "INT8":
+        return "integer", _INTEGER_LSTM
+    return None
+
+
+def sequence_lstm(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """The output has the type the kernel's arithmetic writes; the output state
+    (input 18) and the cell state (input 19) hold at least as many bytes."""
+    ins = op.inputs
+    if len(ins) < 20 or min(ins[0], ins[4], ins[18], ins[19]) < 0 or not op.outputs \
+            or op.outputs[0] < 0:
+        return   # check_omitted_inputs and the structural check have the say on these
+    picked = _lstm_arithmetic(typed(sg, ins[0], types).type_name,
+                              sg.tensors[ins[4]].type_name)
+    if picked is None:
+        return
+    kind, (out_type, h_type, c_type) = picked
+    out = sg.tensors[op.outputs[0]]
+    if out.type_name != out_type:
+        raise ModelError(f"output type {out.type_name} is not {out_type}, the type LiteRT's "
+                         f"{kind} {op.name} kernel writes its output with (past the output's "
+                         f"buffer when that is narrower: the process dies; else leaving "
+                         f"bytes unwritten)", where=where)
+    for k, role, want in ((18, "output state", h_type), (19, "cell state", c_type)):
+        t = sg.tensors[ins[k]]
+        if (packed_size(t.type, t.shape) or 0) < packed_size(TENSOR_TYPES[want], t.shape):
+            raise ModelError(f"{role} (input {k}) of type {t.type_name} is narrower than "
+                             f"the {want} values LiteRT's {kind} {op.name} kernel writes "
+                             f"into it (past its buffer: the process dies)", where=where)
+
+
+# The input types conv.cc and depthwise_conv.cc take.
+_CONV_TYPES = ("FLOAT32", "UINT8", "INT8", "INT16")
+
+
+def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """CONV_2D, DEPTHWISE_CONV_2D: the input is one of the types the kernel
+    takes, and the output has the input's type (LiteRT refuses too)."""
+    pair = _types(sg, op, 0, types)
+    if pair is None:
+        return
+    source, out = pair
+    if source not in _CONV_TYPES:
+        raise ModelError(f"input type {source} is not one LiteRT's {op.name} kernel takes "
+                         f"({', '.join(_CONV_TYPES)}); LiteRT refuses the model too",
+                         where=where)
+    if out != source:
+        raise ModelError(f"output type {out} differs from the input's type {source}, which "
+                         f"LiteRT's {op.name} kernel requires; LiteRT refuses the model too",
+                         where=where)

@@ -177,9 +177,10 @@ _CHECK_GROUPS = (
     (("UNIDIRECTIONAL_SEQUENCE_LSTM",), _CHECKS + "sequence_lstm"),
 )
 
-#: Operators whose kernel writes output 0 with an input's type into a buffer
-#: sized by the output's own type (see coralrt._model.io_checks for what each
-#: mismatch does: buffer overflow, unwritten bytes or reinterpreted bits).
+#: Operators whose kernel writes output 0 with an input's type (or, for the
+#: LSTM, its arithmetic's) into a buffer sized by the output's own type (see
+#: coralrt._model.io_checks for what each mismatch does: buffer overflow,
+#: unwritten bytes or reinterpreted bits).
 _IO = "coralrt._model.io_checks:"
 IO_CHECKS: dict[str, str] = {
     **dict.fromkeys(("RESHAPE", "SQUEEZE", "SUM", "MEAN", "REDUCE_MAX", "REDUCE_MIN",
@@ -187,6 +188,10 @@ IO_CHECKS: dict[str, str] = {
                      "UNSORTED_SEGMENT_MAX", "UNSORTED_SEGMENT_MIN", "UNSORTED_SEGMENT_PROD"),
                     _IO + "output_has_input_type"),
     "EMBEDDING_LOOKUP": _IO + "embedding_lookup",
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": _IO + "sequence_lstm",
+    # These check their types themselves; the same check refuses the model on
+    # every target (coralrt's kernels would run it).
+    **dict.fromkeys(("CONV_2D", "DEPTHWISE_CONV_2D"), _IO + "convolution"),
 }
 
 
