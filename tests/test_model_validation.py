@@ -710,3 +710,22 @@ def test_larger_constant_buffer_is_still_refused():
     tree["subgraphs"][0]["tensors"][4]["shape"] = np.array([16, 8], np.int32)
     with pytest.raises(ModelError, match="constant data has 256 bytes but shape"):
         load_tree(tree)
+
+
+@pytest.mark.parametrize("target", ["cpu", "sim"])
+def test_a_signature_output_nothing_writes_is_refused(tmp_path, target):
+    # Found by fuzzing: the simulator's compiler met a signature output that
+    # no operator writes and failed with a raw KeyError.
+    from coralrt import InferenceSession
+    from coralrt._model.writer import write_model
+
+    model = load_model(shared_model("keras_lstm_mnist_ptq.tflite"))
+    sg = model.subgraphs[0]
+    written = {k for op in sg.operators for k in op.outputs} | set(sg.inputs)
+    loose = next(i for i, t in enumerate(sg.tensors)
+                 if i not in written and not t.is_constant and not t.is_variable)
+    model.signatures[0].outputs["output_0"] = loose
+    path = tmp_path / "sig.tflite"
+    path.write_bytes(write_model(model))
+    with pytest.raises(ModelError, match="output 'output_0' .* is not written by any operator"):
+        InferenceSession(path, target=target)

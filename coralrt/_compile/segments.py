@@ -58,6 +58,23 @@ class CompileResult:
         return self.model.to_bytes()
 
 
+def _remapped(sig, remap: dict[int, int]):
+    """A signature of subgraph 0 with its tensors renumbered as the compiled model's."""
+    def one(kind: str, tensors: dict[str, int]) -> dict[str, int]:
+        out = {}
+        for name, t in tensors.items():
+            if t not in remap:
+                # A tensor inside an Edge TPU segment has no place in the
+                # compiled model, so the signature cannot name it.
+                raise ModelError(f"signature {sig.key!r}: {kind} {name!r} (tensor {t}) is "
+                                 f"neither an input nor an output of the model's main "
+                                 f"subgraph, and does not survive compilation")
+            out[name] = remap[t]
+        return out
+    return dataclasses.replace(sig, inputs=one("input", sig.inputs),
+                               outputs=one("output", sig.outputs))
+
+
 def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | None = None,
                   plan: PartitionPlan | None = None, rules=None, on_plan=None,
                   on_segment=None, max_compiles: int | None = None) -> CompileResult:
@@ -138,12 +155,8 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
     ordered = _topological(sg, nodes, seg_of)
     main, remap = _prune(Subgraph(sg.tensors, ordered, list(sg.inputs), list(sg.outputs),
                                   sg.name))
-    signatures = [
-        dataclasses.replace(sig, inputs={k: remap[v] for k, v in sig.inputs.items()},
-                            outputs={k: remap[v] for k, v in sig.outputs.items()})
-        if sig.subgraph_index == 0 else sig
-        for sig in model.signatures
-    ]
+    signatures = [_remapped(sig, remap) if sig.subgraph_index == 0 else sig
+                  for sig in model.signatures]
     compiled = Model(subgraphs=[main, *model.subgraphs[1:]], description=model.description,
                      version=model.version, metadata=list(model.metadata),
                      signatures=signatures)

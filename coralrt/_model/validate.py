@@ -78,10 +78,20 @@ def validate(model: Model) -> None:
         # coralrt: LiteRT's signature API refuses a missing tensor with an
         # error (the model itself runs), but coralrt's compiler maps every
         # signature tensor into the models it builds.
-        n = len(model.subgraphs[s.subgraph_index].tensors)
+        sg = model.subgraphs[s.subgraph_index]
+        n = len(sg.tensors)
         for name, t in (*s.inputs.items(), *s.outputs.items()):
             if not 0 <= t < n:
                 raise ModelError(f"tensor index {t} of {name!r} is out of range", where=where)
+        # coralrt, as for the subgraph's outputs: a signature output nothing
+        # writes has no value to return (LiteRT plans no memory for it).
+        written = {k for op in sg.operators for k in op.outputs} | set(sg.inputs)
+        for name, t in s.outputs.items():
+            tensor = sg.tensors[t]
+            if t not in written and not tensor.is_constant and not tensor.is_variable:
+                raise ModelError(f"output {name!r} (tensor {t}, {tensor.name!r}) is not written "
+                                 f"by any operator, and is not a constant or an input",
+                                 where=where)
     _check_call_cycles(model)
 
 
