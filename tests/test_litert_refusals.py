@@ -234,3 +234,68 @@ def test_decoded_boxes_the_wrong_way_round_fail_the_numpy_backend_as_litert(tmp_
         run_litert(data, feeds)
     with pytest.raises(InferenceError, match="ymin > ymax or xmin > xmax"):
         InferenceSession(data, target="cpu", backend="numpy").run(feeds)
+
+
+_RUN = r"""
+import sys, numpy as np
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+it = Interpreter(model_path=sys.argv[1], experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+try:
+    it.allocate_tensors()
+    d = it.get_input_details()[0]
+    it.set_tensor(d["index"], np.ones(d["shape"], d["dtype"]))
+    it.invoke()
+    print("ok")
+except Exception as e:
+    print("refused", str(e).splitlines()[0])
+"""
+
+
+def _weights_model(op, x_dtype, w_dtype) -> bytes:
+    m = ModelBuilder()
+
+    def q(dtype, scale=0.05):
+        return {} if dtype == np.float32 else {"scale": scale, "zero_point": 0}
+
+    x = m.input("x", (1, 4, 4, 8), x_dtype, **q(x_dtype))
+    shape = {"CONV_2D": (8, 1, 1, 8), "DEPTHWISE_CONV_2D": (1, 1, 1, 8),
+             "FULLY_CONNECTED": (8, 128)}[op]
+    wq = ({} if w_dtype in (np.float32, np.bool_) and x_dtype == np.float32
+          else {"scale": 0.05, "zero_point": 0})
+    w = m.constant("w", np.ones(shape, w_dtype), **wq)
+    b_dtype = {np.float32: np.float32, np.uint8: np.int32, np.int8: np.int32,
+               np.int16: np.int64}[x_dtype]
+    b = m.constant("b", np.zeros(8, b_dtype),
+                   **({} if b_dtype == np.float32 else {"scale": 0.0025, "zero_point": 0}))
+    y = m.tensor("y", (1, 8) if op == "FULLY_CONNECTED" else (1, 4, 4, 8), x_dtype,
+                 **q(x_dtype, 1.0))
+    kw = {} if op == "FULLY_CONNECTED" else {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+    if op == "DEPTHWISE_CONV_2D":
+        kw["depth_multiplier"] = 1
+    m.op(op, [x, w, b], [y], **kw)
+    m.output(y)
+    return m.build().to_bytes()
+
+
+WEIGHT_CASES = [(op, x, w) for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+                for x in (np.float32, np.uint8, np.int8, np.int16)
+                for w in (np.float32, np.uint8, np.int8, np.int16, np.bool_, np.int32)]
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare and run")
+@pytest.mark.parametrize("op,x_dtype,w_dtype", WEIGHT_CASES)
+def test_weights_litert_refuses_are_refused_and_the_ones_it_computes_with_pass(
+        tmp_path, op, x_dtype, w_dtype):
+    # LiteRT also runs some types it misreads (a uint8 CONV_2D reads int32
+    # weights as bytes): those are refused too, so only "LiteRT refuses ->
+    # coralrt refuses" and "coralrt accepts -> LiteRT runs" are asserted.
+    path = tmp_path / "m.tflite"
+    path.write_bytes(_weights_model(op, x_dtype, w_dtype))
+    r = subprocess.run([sys.executable, "-c", _RUN, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    litert_runs = r.stdout.startswith("ok")
+    assert r.stdout.startswith(("ok", "refused")), r.stderr[-300:]
+    if not litert_runs:
+        assert not _validates(path)
+    if _validates(path):
+        assert litert_runs

@@ -56,7 +56,8 @@ from coralrt.errors import ModelError
 from coralrt._model.kernel_view import EIGHT_BIT, typed
 from coralrt._model.types import TENSOR_TYPES, Operator, Subgraph, packed_size
 
-__all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm", "convolution"]
+__all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm", "convolution",
+           "weights"]
 
 # EMBEDDING_LOOKUP's hybrid kernel dequantizes 8-bit (and 4-bit) tables into a
 # float32 output (embedding_lookup.cc, EvalHybrid): the one type change it makes.
@@ -160,3 +161,35 @@ def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -
         raise ModelError(f"output type {out} differs from the input's type {source}, which "
                          f"LiteRT's {op.name} kernel requires; LiteRT refuses the model too",
                          where=where)
+    weights(sg, op, where, types)
+
+
+# Input type -> the weight types each kernel computes with (measured with
+# ai-edge-litert 2.3, both kernel sets).  The others are refused by LiteRT while
+# preparing or running (an int8 CONV_2D with uint8 weights: "Weight type ... not
+# currently supported"), or read as the input's type whatever they are (a uint8
+# CONV_2D reads int32 or bool weights as bytes, a float one reads int16 weights
+# as floats, past their buffer): refused here on every target.
+_WEIGHTS = {
+    "CONV_2D": {"FLOAT32": ("FLOAT32", "UINT8", "INT8"), "UINT8": ("UINT8",),
+                "INT8": ("INT8", "INT4"), "INT16": ("INT8", "INT4")},
+    "DEPTHWISE_CONV_2D": {"FLOAT32": ("FLOAT32", "INT8"), "UINT8": ("UINT8",),
+                          "INT8": ("INT8", "INT4"), "INT16": ("INT8", "INT4")},
+    "FULLY_CONNECTED": {"FLOAT32": ("FLOAT32", "UINT8", "INT8", "INT4"),
+                        "UINT8": ("UINT8", "INT8"), "INT8": ("UINT8", "INT8", "INT4"),
+                        "INT16": ("UINT8", "INT8", "INT16", "INT4")},
+}
+
+
+def weights(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """The weights (input 1) have a type the kernel computes with for its input's type."""
+    pair = _types(sg, op, 1, types)
+    if pair is None or op.inputs[0] < 0:
+        return
+    source = typed(sg, op.inputs[0], types).type_name
+    allowed = _WEIGHTS[op.name].get(source)
+    w = pair[0]
+    if allowed is not None and w not in allowed:
+        raise ModelError(f"weights of type {w} for a {source} input: LiteRT's {op.name} kernel "
+                         f"computes with {' or '.join(allowed)} weights and refuses or "
+                         f"misreads these", where=where)

@@ -192,6 +192,7 @@ IO_CHECKS: dict[str, str] = {
     # These check their types themselves; the same check refuses the model on
     # every target (coralrt's kernels would run it).
     **dict.fromkeys(("CONV_2D", "DEPTHWISE_CONV_2D"), _IO + "convolution"),
+    "FULLY_CONNECTED": _IO + "weights",
 }
 
 
