@@ -299,3 +299,21 @@ def test_weights_litert_refuses_are_refused_and_the_ones_it_computes_with_pass(
         assert not _validates(path)
     if _validates(path):
         assert litert_runs
+
+
+CONCAT_TYPES = [(np.uint8, np.uint8, np.uint8), (np.uint8, np.int64, np.uint8),
+                (np.int8, np.int8, np.uint8), (np.float32, np.float32, np.float32),
+                (np.int32, np.float32, np.int32)]
+
+
+@pytest.mark.needs_litert("the reference is LiteRT's own prepare step")
+@pytest.mark.parametrize("a,b,out", CONCAT_TYPES)
+def test_concatenation_types_are_refused_exactly_when_litert_refuses_them(tmp_path, a, b, out):
+    m = ModelBuilder()
+    x, y_in = m.input("x", (2, 3), a), m.input("y", (2, 3), b)
+    y = m.tensor("out", (4, 3), out)
+    m.op("CONCATENATION", [x, y_in], [y], axis=0)
+    m.output(y)
+    path = tmp_path / "m.tflite"
+    path.write_bytes(m.build().to_bytes())
+    assert _validates(path) == _litert_prepares(path)

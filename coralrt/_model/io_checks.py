@@ -57,7 +57,7 @@ from coralrt._model.kernel_view import EIGHT_BIT, typed
 from coralrt._model.types import TENSOR_TYPES, Operator, Subgraph, packed_size
 
 __all__ = ["output_has_input_type", "embedding_lookup", "sequence_lstm", "convolution",
-           "weights"]
+           "weights", "concatenation"]
 
 # EMBEDDING_LOOKUP's hybrid kernel dequantizes 8-bit (and 4-bit) tables into a
 # float32 output (embedding_lookup.cc, EvalHybrid): the one type change it makes.
@@ -193,3 +193,20 @@ def weights(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> No
         raise ModelError(f"weights of type {w} for a {source} input: LiteRT's {op.name} kernel "
                          f"computes with {' or '.join(allowed)} weights and refuses or "
                          f"misreads these", where=where)
+
+
+def concatenation(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+    """CONCATENATION: every input and the output have input 0's type (the types
+    LiteRT has given them; concatenation.cc refuses others while preparing)."""
+    if not op.inputs or min(op.inputs) < 0 or not op.outputs or op.outputs[0] < 0:
+        return
+    first = typed(sg, op.inputs[0], types).type_name
+    for k, i in enumerate(op.inputs[1:], 1):
+        t = typed(sg, i, types).type_name
+        if t != first:
+            raise ModelError(f"input {k} is {t} but input 0 is {first}: LiteRT's CONCATENATION "
+                             f"kernel refuses inputs of different types", where=where)
+    out = sg.tensors[op.outputs[0]].type_name
+    if out != first:
+        raise ModelError(f"output type {out} differs from the inputs' type {first}: LiteRT's "
+                         f"CONCATENATION kernel refuses such a model", where=where)

@@ -193,6 +193,7 @@ IO_CHECKS: dict[str, str] = {
     # every target (coralrt's kernels would run it).
     **dict.fromkeys(("CONV_2D", "DEPTHWISE_CONV_2D"), _IO + "convolution"),
     "FULLY_CONNECTED": _IO + "weights",
+    "CONCATENATION": _IO + "concatenation",
 }
 
 
