@@ -29,6 +29,7 @@ from ..errors import (
 )
 from coralrt._backends.base import CpuBackend, CpuProgram
 from coralrt._backends.native_log import native_info_to_log
+from coralrt._backends.xnnpack_limits import xnnpack_refuses
 
 __all__ = ["LiteRTBackend", "TFLiteRuntimeBackend", "LiteRTProgram",
            "NO_TFLITE_RUNTIME_WHEELS"]
@@ -300,6 +301,12 @@ class _InterpreterBackend(CpuBackend):
         # The native loader only takes bytes (it keeps a reference, no copy).
         model_bytes = self.checked_load_arguments(model_bytes, num_threads, kernels)
         resolver = self._resolvers[kernels]
+        if kernels == "optimized":
+            refusal = xnnpack_refuses(model_bytes)
+            if refusal is not None:
+                log.info("%s: the XNNPACK delegate cannot run this model (%s); using the "
+                         "builtin kernels without it", self.name, refusal)
+                resolver = self._without_delegates
         try:
             interp = self._prepared(model_bytes, num_threads, resolver)
         except _NativeFailure as failure:
