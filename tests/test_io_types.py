@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import MODELS_DIR, REPO_ROOT, run_litert
+from support.litert_child import litert_outcome
 
 from coralrt import InferenceSession
 from coralrt.errors import ModelError
@@ -74,24 +75,6 @@ def _single(op: str, a, b) -> bytes:
 IO_OPS = ["RESHAPE", "SQUEEZE", "SUM", "MEAN", "REDUCE_MAX", "CUMSUM", "SEGMENT_SUM",
           "UNSORTED_SEGMENT_MAX", "EMBEDDING_LOOKUP"]
 
-# Runs the model with LiteRT (no coralrt) and prints OK, or dies.
-_LITERT_CHILD = r"""
-import sys, numpy as np
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
-kind = OpResolverType.BUILTIN_REF if sys.argv[2] == "reference" else OpResolverType.AUTO
-it = Interpreter(model_path=sys.argv[1], experimental_op_resolver_type=kind, num_threads=1)
-it.allocate_tensors()
-for d in it.get_input_details():
-    it.set_tensor(d["index"], np.ones(d["shape"], d["dtype"]))
-it.invoke()
-print("OK")
-"""
-
-
-def _litert_outcome(path, kernels: str) -> str:
-    r = subprocess.run([sys.executable, "-c", _LITERT_CHILD, str(path), kernels],
-                       capture_output=True, text=True, timeout=120)
-    return "OK" if r.returncode == 0 else f"died {r.returncode}: {r.stderr[-300:]}"
 
 
 @pytest.mark.parametrize("op", IO_OPS)
@@ -120,7 +103,7 @@ def test_an_equally_wide_type_is_refused_too(tmp_path):
 def test_litert_itself_dies_on_what_is_refused(tmp_path, op, kernels):
     path = tmp_path / f"{op}.tflite"
     path.write_bytes(_single(op, np.int32, np.uint8))
-    assert _litert_outcome(path, kernels).startswith("died")
+    assert litert_outcome(path, kernels).startswith("died")
 
 
 @pytest.mark.needs_litert("the CPU target runs these operators with LiteRT")

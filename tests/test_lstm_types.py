@@ -11,12 +11,11 @@ runs correctly (the real Keras model, float, hybrid, wider states) still load.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import shared_model
+from support.litert_child import litert_outcome
 
 from coralrt import InferenceSession
 from coralrt.errors import ModelError
@@ -79,24 +78,6 @@ def _retyped(data: bytes, name: str, type_name: str) -> bytes:
     return write_model(model)
 
 
-# Runs the model with LiteRT alone (no coralrt) and prints OK, or dies.
-_LITERT_CHILD = r"""
-import sys, numpy as np
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
-kind = OpResolverType.BUILTIN_REF if sys.argv[2] == "reference" else OpResolverType.AUTO
-it = Interpreter(model_path=sys.argv[1], experimental_op_resolver_type=kind, num_threads=1)
-it.allocate_tensors()
-for d in it.get_input_details():
-    it.set_tensor(d["index"], np.ones(d["shape"], d["dtype"]))
-it.invoke()
-print("OK")
-"""
-
-
-def _litert_outcome(path, kernels: str) -> str:
-    r = subprocess.run([sys.executable, "-c", _LITERT_CHILD, str(path), kernels],
-                       capture_output=True, text=True, timeout=120)
-    return "OK" if r.returncode == 0 else f"died {r.returncode}: {r.stderr[-300:]}"
 
 
 # -- refused -------------------------------------------------------------------------------
@@ -155,7 +136,7 @@ def test_litert_itself_dies_on_what_is_refused(tmp_path, kernels, case):
         data = _retyped(_lstm(batch=4, steps=8, n_input=64, n_cell=256), "c_state", "INT8")
     path = tmp_path / "lstm.tflite"
     path.write_bytes(data)
-    assert _litert_outcome(path, kernels).startswith("died")
+    assert litert_outcome(path, kernels).startswith("died")
 
 
 # -- still accepted ------------------------------------------------------------------------

@@ -11,7 +11,6 @@ Accelerator time of the Edge TPU steps is reported as ``coralrt bench`` does.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 import time
@@ -20,7 +19,7 @@ import numpy as np
 
 from coralrt._cli import run_image
 from coralrt._cli._report import device_estimate, estimate_lines
-from coralrt._cli._text import dumps, json_num, num, plural, shape_str, table
+from coralrt._cli._text import dumps, json_num, num, plural, shape_str, table, whole_number
 from coralrt.errors import InputError
 from coralrt.vision._detect import postprocess_operator_outputs
 from coralrt import _targets as targets
@@ -35,16 +34,8 @@ log = logging.getLogger("coralrt.cli")
 RANDOM = "random"
 
 
-def count_type(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
+#: argparse ``type`` of a count option: ``count_type(1)`` takes 1 or more.
+count_type = whole_number
 
 
 def add_parser(sub, parents) -> None:
