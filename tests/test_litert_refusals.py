@@ -317,3 +317,17 @@ def test_concatenation_types_are_refused_exactly_when_litert_refuses_them(tmp_pa
     path = tmp_path / "m.tflite"
     path.write_bytes(m.build().to_bytes())
     assert _validates(path) == _litert_prepares(path)
+
+
+@pytest.mark.skipif(not MODELS_DIR.is_dir(), reason=f"test models folder {MODELS_DIR} is absent")
+def test_a_split_output_declared_unlike_what_it_makes_is_declined_on_sim_not_timed_out():
+    # Three bytes of split_concat.tflite overwritten by the fuzzer (seed 31, case
+    # 799): a SPLIT output is declared 1x20488x8x1.  LiteRT resizes the output
+    # itself; the simulated Edge TPU moved the declared bytes and waited 6 s for
+    # bytes that never came (DeviceTimeoutError "the stick stopped answering").
+    data = bytearray((MODELS_DIR / "split_concat.tflite").read_bytes())
+    for offset, value in ((884, 104), (1194, 6), (1229, 80)):
+        data[offset] = value
+    with pytest.raises(ModelError, match=r"output 1 is declared .* but the operator makes"):
+        session = InferenceSession(bytes(data), target="sim", partition_mode="compat")
+        session.run([np.zeros(i.shape, i.dtype) for i in session.get_inputs()])

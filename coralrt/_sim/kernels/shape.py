@@ -28,6 +28,18 @@ def _refuse(ctx: OpContext, detail: str):
     raise ModelError(detail, where=f"{ctx.op.name} operator")
 
 
+def _declared_as_computed(ctx: OpContext, shapes: list[tuple]) -> None:
+    # LiteRT gives these outputs the shapes it computes whatever the file
+    # declares; the simulated Edge TPU moves the declared number of bytes, so
+    # it declines a declared shape that is not the computed one (a SPLIT
+    # output declared 1x20488x8x1 for 1x8x8x1 left it waiting for bytes that
+    # never came; found by fuzzing).
+    for k, (t, want) in enumerate(zip(ctx.outputs, shapes)):
+        if tuple(t.shape) != tuple(int(d) for d in want):
+            _refuse(ctx, f"output {k} is declared {list(t.shape)} but the operator makes "
+                         f"{[int(d) for d in want]}")
+
+
 def _constant(ctx: OpContext, k: int, what: str) -> np.ndarray:
     value = ctx.const(k)
     if value is None:
@@ -148,6 +160,7 @@ def pack(ctx: OpContext):
     if not 0 <= axis <= rank:
         _refuse(ctx, f"axis {ctx.params.get('axis')} is out of range for rank {rank}")
     dtype = ctx.dtype(ctx.outputs[0])
+    _declared_as_computed(ctx, [(*ins[0].shape[:axis], len(ins), *ins[0].shape[axis:])])
 
     def run(inputs):
         return [np.stack(inputs, axis=axis).astype(dtype, copy=False)]
@@ -166,6 +179,7 @@ def split(ctx: OpContext):
     if data.shape[axis] % n:
         _refuse(ctx, f"dimension {data.shape[axis]} does not split into {n} equal parts")
     step = data.shape[axis] // n
+    _declared_as_computed(ctx, [(*data.shape[:axis], step, *data.shape[axis + 1:])] * n)
     index = [[slice(None)] * rank for _ in range(n)]
     for k in range(n):
         index[k][axis] = slice(k * step, (k + 1) * step)
