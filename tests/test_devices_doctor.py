@@ -346,7 +346,7 @@ def test_devices_none_found_exits_0(capsys):
 
 def test_devices_rejects_a_negative_count(capsys):
     code, _, err = cli(capsys, "devices", "--simulated", "-1")
-    assert code == 2 and "0 or more" in err
+    assert code == 2 and "must be at least 0" in err
 
 
 def test_doctor_exit_code_follows_the_checks(capsys):

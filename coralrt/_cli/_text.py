@@ -81,8 +81,8 @@ def whole_number(minimum: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
     return parse
