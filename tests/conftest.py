@@ -108,14 +108,15 @@ def shared_model(name: str) -> Path:
     return path
 
 
-def model_params(names: list[str]) -> list:
+def model_params(names: list, width: int = 1) -> list:
     """``pytest.param`` per name, or one skipped param when the models are absent.
 
     Keeps a missing folder visible as a skip instead of a test that
-    silently collects nothing.
+    silently collects nothing.  ``width``: the number of values each param
+    has (a parametrize over two names gets a skipped pair).
     """
     if not MODELS_DIR.is_dir():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING_REASON))]
+        return [pytest.param(*[None] * width, marks=pytest.mark.skip(reason=MISSING_REASON))]
     return [pytest.param(n, id=n) for n in names]
 
 

@@ -31,7 +31,7 @@ EDGETPU_OP = "edgetpu-custom-op"
 
 def shared_pairs() -> list:
     if not MODELS_DIR.is_dir():
-        return model_params([])
+        return model_params([], width=2)
     pairs, _ = find_pairs([MODELS_DIR])
     return [pytest.param(plain, compiled, id=plain.name) for plain, compiled in pairs]
 
