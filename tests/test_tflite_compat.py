@@ -314,3 +314,20 @@ def test_auto_with_a_device_option_and_no_stick_runs_on_the_cpu(monkeypatch):
         Interpreter(model_path=str(shared_model(
             "edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite")),
             experimental_delegates=[delegate])
+
+
+def test_a_missing_model_file_is_reported_in_tflite_runtimes_words(tmp_path):
+    # Programs match on "Could not open" (tflite_runtime's message; LiteRT's
+    # starts the same way), not on coralrt's "model file not found".
+    from coralrt.tflite import Interpreter
+    missing = tmp_path / "x.tflite"
+    with pytest.raises(ValueError, match=r"^Could not open '.*x\.tflite'\.$"):
+        Interpreter(model_path=str(missing))
+    with pytest.raises(ValueError, match=r"^Could not open "):
+        Interpreter(model_path=missing)
+    try:
+        from ai_edge_litert.interpreter import Interpreter as LiteRT
+    except ImportError:
+        return
+    with pytest.raises(ValueError, match=rf"^Could not open '{missing}'\."):
+        LiteRT(model_path=str(missing))

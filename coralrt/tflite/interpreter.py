@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import logging
 import operator
+import os
 
 import numpy as np
 
@@ -117,6 +118,10 @@ class Interpreter:
             device = self._delegates[0].device if target in ("coral", "auto") else None
             if target == "auto" and device is not None and not _stick_present():
                 device = None   # auto without a stick: the CPU, as target "auto" decides
+        if model_path and not os.path.isfile(model_path):
+            # tflite_runtime's wording (LiteRT's starts the same), which programs
+            # match on; coralrt's own is "model file not found".
+            raise ValueError(f"Could not open '{os.fspath(model_path)}'.")
         model = model_path if model_path else bytes(model_content)
         self._session = InferenceSession(model, target=target, device=device,
                                          num_threads=num_threads, cpu_kernels=kernels)
