@@ -51,12 +51,10 @@ from coralrt._model.kernel_view import (
 from coralrt._model.types import Operator, Subgraph, Tensor
 from coralrt._ops import operator_table
 
-_RESCALED = ("UINT8", "INT8", "INT16")
-
 __all__ = ["check_kernel_quantization", "quantize_multiplier_shift", "add", "sub",
            "squared_difference", "comparison", "softmax", "log_softmax",
            "int16_needs_quantization", "convolution_multiplier",
-           "convolution_bias", "convolution"]
+           "convolution_bias", "convolution_quantization"]
 
 
 # -- QuantizeMultiplier and its two checked wrappers ---------------------------------------
@@ -286,7 +284,7 @@ def convolution_multiplier(sg: Subgraph, op: Operator, where: str,
         return
     x, w = typed(sg, ins[i_in], types), typed(sg, ins[i_w], types)
     if op.name == "FULLY_CONNECTED":
-        if x.type_name not in _RESCALED or w.quantization is None \
+        if x.type_name not in TYPE_RANGE or w.quantization is None \
                 or w.quantization.scale.size > 1:
             return   # float or hybrid inputs, per-channel weights: not this check
     elif x.type_name != "UINT8":
@@ -346,7 +344,8 @@ def convolution_bias(sg: Subgraph, op: Operator, where: str, types: dict[int, st
                          f"(one bias per output channel)", where=where)
 
 
-def convolution(sg: Subgraph, op: Operator, where: str, types: dict[int, str]) -> None:
+def convolution_quantization(sg: Subgraph, op: Operator, where: str,
+                             types: dict[int, str]) -> None:
     """CONV_2D and DEPTHWISE_CONV_2D: the bias, then the multiplier."""
     convolution_bias(sg, op, where, types)
     convolution_multiplier(sg, op, where, types)

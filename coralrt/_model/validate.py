@@ -27,6 +27,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt._model.custom_options import check_known_custom_op
+from coralrt._model.kernel_view import TYPE_RANGE
 from coralrt._model.op_checks import MAX_RANK
 from coralrt._model.optional_inputs import check_omitted_inputs
 from coralrt._model.quant_checks import check_kernel_quantization
@@ -42,8 +43,7 @@ SCHEMA_VERSION = 3
 # more than 2 GiB with fewer elements, a large float tensor, runs correctly.)
 _MAX_ELEMENTS = 2**31 - 1
 # Integer types whose quantization kernels rescale with.
-_RESCALED_TYPES = ("UINT8", "INT8", "INT16")
-_ZERO_POINT_RANGE = {"UINT8": (0, 255), "INT8": (-128, 127), "INT16": (-32768, 32767)}
+_RESCALED_TYPES = tuple(TYPE_RANGE)
 
 
 def validate(model: Model) -> None:
@@ -87,10 +87,9 @@ def validate(model: Model) -> None:
         # writes has no value to return (LiteRT plans no memory for it).
         written = {k for op in sg.operators for k in op.outputs} | set(sg.inputs)
         for name, t in s.outputs.items():
-            tensor = sg.tensors[t]
-            if t not in written and not tensor.is_constant and not tensor.is_variable:
-                raise ModelError(f"output {name!r} (tensor {t}, {tensor.name!r}) is not written "
-                                 f"by any operator, and is not a constant or an input",
+            if not _has_value(sg, t, written):
+                raise ModelError(f"output {name!r} (tensor {t}, {sg.tensors[t].name!r}) is not "
+                                 f"written by any operator, and is not a constant or an input",
                                  where=where)
     _check_call_cycles(model)
 
@@ -240,10 +239,16 @@ def _check_outputs_written(sg: Subgraph, produced: dict[int, int], inputs: set[i
     # model and then cannot return that output ("Tensor data is null"), and
     # coralrt's executor has no value for it.
     for i in sg.outputs:
-        t = sg.tensors[i]
-        if i not in produced and i not in inputs and not t.is_constant and not t.is_variable:
-            raise ModelError(f"output tensor {i} ({t.name!r}) is not written by any operator, "
-                             f"and is not a constant or a subgraph input", where=where)
+        if not _has_value(sg, i, produced.keys() | inputs):
+            raise ModelError(f"output tensor {i} ({sg.tensors[i].name!r}) is not written by any "
+                             f"operator, and is not a constant or a subgraph input", where=where)
+
+
+def _has_value(sg: Subgraph, i: int, written) -> bool:
+    """Tensor ``i`` is in ``written`` (an operator's output or an input), a constant
+    or a variable: something has given it a value to return."""
+    t = sg.tensors[i]
+    return i in written or t.is_constant or t.is_variable
 
 
 def _called_subgraphs(sg: Subgraph) -> set[int]:
@@ -331,7 +336,7 @@ def _check_zero_points(t: Tensor, type_name: str, where: str) -> None:
     if type_name not in _RESCALED_TYPES or q is None or not q.scale.size \
             or not q.zero_point.size:
         return
-    lo, hi = _ZERO_POINT_RANGE[type_name]
+    lo, hi = TYPE_RANGE[type_name]
     zps = np.asarray(q.zero_point, np.int64)
     if zps.min() < lo or zps.max() > hi:
         bad = zps[(zps < lo) | (zps > hi)]

@@ -46,10 +46,10 @@ def _fc_macs(options, inputs, outputs):
 SPECS = (
     OpSpec("CONV_2D", tpu=OpSupport(5, (constant_operands(1, 2), same_dilation, layer_width)),
            macs=_conv_macs, latency_class="conv", sim=_SIM + "conv_2d",
-           quant_check=quant_checks.convolution),
+           quant_check=quant_checks.convolution_quantization),
     OpSpec("DEPTHWISE_CONV_2D", tpu=OpSupport(6, (constant_operands(1, 2), same_dilation)),
            macs=_depthwise_macs, latency_class="depthwise", sim=_SIM + "depthwise_conv_2d",
-           quant_check=quant_checks.convolution),
+           quant_check=quant_checks.convolution_quantization),
     OpSpec("TRANSPOSE_CONV", tpu=OpSupport(3, (constant_operands(0, 1, 3),)),
            macs=_transpose_conv_macs, latency_class="conv", sim=_SIM + "transpose_conv",
            quant_check=quant_checks.convolution_multiplier),
