@@ -76,6 +76,18 @@ variable                                meaning
                                         a LiteRT delegate, docs/libedgetpu.md), any
                                         case; a session's ``driver=`` wins over it;
                                         anything else is an error
+``CORALRT_SIM_STICKS``                  how many simulated sticks the compatibility
+                                        layer (:mod:`coralrt.pycoral`,
+                                        :mod:`coralrt.tflite`) presents when
+                                        ``CORALRT_TARGET=sim``: what
+                                        ``list_edge_tpus()`` lists and the device
+                                        indexes ``:N`` / ``usb:N`` accept (default 4,
+                                        1 to 64)
+``CORALRT_PLAIN_MODELS``                folders (separated by ``:``, ``;`` on Windows)
+                                        where the plain model of an
+                                        ``X_edgetpu.tflite`` is looked for, after the
+                                        file's own folder, when it must run on ``cpu``
+                                        or ``sim``
 ======================================  ==================================================
 
 An empty value (``CORALRT_CACHE_DIR= coralrt ...``) counts as unset.
@@ -121,6 +133,7 @@ __all__ = [
     "COMPILER_URL", "COMPILER_TOKEN", "COMPILER_TOKEN_FILE", "COMPILER_CA",
     "COMPILER_URL_TIMEOUT", "DEFAULT_COMPILER_URL_TIMEOUT", "compiler_url",
     "compiler_token", "compiler_ca", "compiler_url_timeout",
+    "SIM_STICKS", "DEFAULT_SIM_STICKS", "sim_sticks", "PLAIN_MODELS", "plain_model_dirs",
 ]
 
 CACHE_DIR = "CORALRT_CACHE_DIR"
@@ -430,3 +443,33 @@ def compiler_url_max_answer() -> int:
         raise ConfigError(f"{COMPILER_URL_MAX_ANSWER}={value!r} is not a size; give a number "
                           f"of bytes, optionally with a K, M or G suffix (for example 512M)")
     return size
+
+
+# -- the compatibility layer without a stick ------------------------------------------
+
+SIM_STICKS = "CORALRT_SIM_STICKS"
+#: Simulated sticks presented under ``CORALRT_TARGET=sim``: enough for pycoral's
+#: pipelined-model tests, which cut models in up to four segments.
+DEFAULT_SIM_STICKS = 4
+_MAX_SIM_STICKS = 64
+PLAIN_MODELS = "CORALRT_PLAIN_MODELS"
+
+
+def sim_sticks() -> int:
+    """``CORALRT_SIM_STICKS``: how many simulated sticks the compatibility layer lists."""
+    value = _get(SIM_STICKS)
+    if value is None:
+        return DEFAULT_SIM_STICKS
+    if not value.isdigit() or not 1 <= int(value) <= _MAX_SIM_STICKS:
+        raise ConfigError(f"{SIM_STICKS}={value!r} is not a number of sticks from 1 to "
+                          f"{_MAX_SIM_STICKS}")
+    return int(value)
+
+
+def plain_model_dirs() -> list[Path]:
+    """The folders of ``CORALRT_PLAIN_MODELS`` (``os.pathsep``-separated), in order;
+    empty entries are skipped, and folders need not exist."""
+    value = _get(PLAIN_MODELS)
+    if value is None:
+        return []
+    return [Path(part).expanduser() for part in value.split(os.pathsep) if part.strip()]

@@ -4,6 +4,7 @@ the plain model beside them when it is there, and refuse to compile them again."
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -58,7 +59,8 @@ def test_refusal_names_where_the_plain_model_is_expected(lone, target):
         InferenceSession(lone, target=target)
     text = str(e.value)
     assert "compiled by edgetpu_compiler" in text and "target='coral'" in text
-    assert str(lone.with_name(PLAIN)) in text and "does not exist" in text
+    assert str(lone.with_name(PLAIN)) in text and "none exists" in text
+    assert "CORALRT_PLAIN_MODELS (not set" in text
     assert "no Coral USB Accelerator was found" not in text
 
 
@@ -71,8 +73,11 @@ def test_auto_without_a_stick_says_a_compiled_model_needs_one(lone, no_stick, ca
     assert not any("running on the CPU" in r.getMessage() for r in caplog.records)
 
 
-def test_compiled_bytes_refusal_has_no_path():
-    with pytest.raises(ModelError, match="give the plain, uncompiled .tflite instead"):
+def test_compiled_bytes_refusal_says_what_was_looked_for(monkeypatch, tmp_path):
+    monkeypatch.setenv("CORALRT_PLAIN_MODELS", str(tmp_path))
+    with pytest.raises(ModelError, match=r"given as bytes, and no \*_edgetpu.tflite with the "
+                                         r"same bytes is in the folders of "
+                                         r"CORALRT_PLAIN_MODELS \(" + str(tmp_path)):
         InferenceSession(shared_model(COMPILED).read_bytes(), target="cpu")
 
 
@@ -133,3 +138,42 @@ def test_cli_refuses_to_partition_or_compile_compiled_models(command, tmp_path, 
     args[1] = str(ours)
     assert main(args) == 1
     assert "already compiled by coralrt" in capsys.readouterr().err
+
+
+# -- CORALRT_PLAIN_MODELS: plain models kept apart from the compiled ones -------------------
+
+def _outputs(session) -> list:
+    feed = [np.random.default_rng(3).integers(0, 255, i.shape, dtype=np.uint8)
+            if i.dtype == np.uint8 else np.zeros(i.shape, i.dtype) for i in session.get_inputs()]
+    return [np.asarray(o) for o in session.run(None, feed)]
+
+
+@pytest.mark.parametrize("target", ["cpu", "sim"])
+def test_the_plain_model_is_found_in_a_named_folder(lone, target, monkeypatch, tmp_path_factory):
+    plain_dir = tmp_path_factory.mktemp("plain")
+    shutil.copy(shared_model(PLAIN), plain_dir / PLAIN)
+    with pytest.raises(ModelError):
+        InferenceSession(lone, target=target)
+    monkeypatch.setenv("CORALRT_PLAIN_MODELS",
+                       os.pathsep.join([str(plain_dir / "absent"), str(plain_dir)]))
+    assert plain_sibling(lone) == plain_dir / PLAIN
+    session = InferenceSession(lone, target=target)
+    reference = InferenceSession(shared_model(PLAIN), target="cpu")
+    for got, want in zip(_outputs(session), _outputs(reference)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_compiled_bytes_find_their_plain_model_by_content(monkeypatch, tmp_path):
+    # The compiled file in a named folder, its plain model beside it: bytes read from
+    # anywhere are recognised as that file.
+    shutil.copy(shared_model(COMPILED), tmp_path / "split_concat_edgetpu.tflite")
+    shutil.copy(shared_model(PLAIN), tmp_path / PLAIN)
+    (tmp_path / "other_edgetpu.tflite").write_bytes(b"x" * 10)   # not read: another size
+    monkeypatch.setenv("CORALRT_PLAIN_MODELS", str(tmp_path))
+    data = shared_model(COMPILED).read_bytes()
+    assert plain_sibling(data) == tmp_path / PLAIN
+    assert plain_sibling(data[:-1] + b"\0") is None          # same size, other bytes
+    session = InferenceSession(data, target="sim")
+    reference = InferenceSession(shared_model(PLAIN), target="cpu")
+    for got, want in zip(_outputs(session), _outputs(reference)):
+        np.testing.assert_array_equal(got, want)

@@ -73,9 +73,19 @@ def _without_compat_aliases(top: str):
         if not _aliased(top):
             yield {}
             return
-        mine = lambda k: k == top or k.startswith(top + ".")  # noqa: E731
         finders = [(i, f) for i, f in enumerate(sys.meta_path)
                    if getattr(f, "coralrt_compat", False)]
+
+        def mine(k: str) -> bool:
+            # A name of the package that the finders map (all of tflite_runtime; of
+            # ai_edge_litert only its interpreter module), or an alias left behind.
+            if not (k == top or k.startswith(top + ".")):
+                return False
+            maps = [getattr(f, "coralrt_maps", None) for _, f in finders]
+            if any(m is None or m(k) for m in maps):
+                return True
+            module = sys.modules.get(k)
+            return module is not None and getattr(module, "__name__", k) != k
         aliases = {k: m for k, m in list(sys.modules.items()) if mine(k)}
         for _, f in finders:
             sys.meta_path.remove(f)
@@ -90,6 +100,10 @@ def _without_compat_aliases(top: str):
                 imported[k] = sys.modules.pop(k)
             _real_modules.update(imported)
             sys.modules.update(aliases)
+            for k, alias in aliases.items():    # the real import rebound the attribute
+                parent, _, child = k.rpartition(".")
+                if parent and parent in sys.modules:
+                    setattr(sys.modules[parent], child, alias)
             for i, f in finders:
                 sys.meta_path.insert(i, f)
 

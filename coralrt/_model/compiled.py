@@ -6,7 +6,10 @@ each (:data:`coralrt._formats.opnames.FORMATS`): edgetpu_compiler
 compiler (``coralrt-segment``, runs on the simulated Edge TPU).  Neither kind
 runs on the CPU backend, and neither can be compiled again.  edgetpu_compiler
 writes ``X_edgetpu.tflite`` next to ``X.tflite``; CI jobs often hold only the
-compiled file's name, so :func:`plain_sibling` finds the plain model beside it.
+compiled file's name, so :func:`plain_sibling` finds the plain model beside it,
+or in the folders of ``CORALRT_PLAIN_MODELS``.  A compiled model given as bytes
+is recognised by content: an ``X_edgetpu.tflite`` of the same bytes in one of
+those folders names its plain model (only files of the same size are read).
 
 Every refusal of a compiled model is worded here, so the CLI, the compiler
 and the session targets say the same thing.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from coralrt import _config as config
 from coralrt.errors import ModelError
 from coralrt._formats.opnames import DWN1, SEGMENT
 
@@ -51,10 +55,59 @@ def expected_plain(source) -> Path | None:
     return path.with_name(path.name[: -len(_SUFFIX)] + ".tflite")
 
 
-def plain_sibling(source) -> Path | None:
-    """The plain model beside an edgetpu_compiler output, when it exists."""
+def _candidates(source) -> list[Path]:
+    """Where the plain model of ``source`` may be, in the order looked at."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        named = _same_bytes(source)
+        return _candidates(named) if named is not None else []
     path = expected_plain(source)
-    return path if path is not None and path.is_file() else None
+    if path is None:
+        return []
+    return [path] + [folder / path.name for folder in config.plain_model_dirs()]
+
+
+def _same_bytes(data) -> Path | None:
+    """An ``X_edgetpu.tflite`` in a ``CORALRT_PLAIN_MODELS`` folder holding ``data``."""
+    data = memoryview(data).cast("B")
+    for folder in config.plain_model_dirs():
+        try:
+            entries = sorted(folder.glob("*" + _SUFFIX))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat().st_size == data.nbytes and entry.read_bytes() == data:
+                    return entry
+            except OSError:
+                continue
+    return None
+
+
+def plain_sibling(source) -> Path | None:
+    """The plain model of an edgetpu_compiler output (a path, or its bytes), when
+    one exists: beside the file, else in a ``CORALRT_PLAIN_MODELS`` folder."""
+    for path in _candidates(source):
+        if path.is_file():
+            return path
+    return None
+
+
+def _looked_at(source) -> str:
+    folders = config.plain_model_dirs()
+    where = (f"the folders of {config.PLAIN_MODELS} ({', '.join(map(str, folders))})"
+             if folders else f"{config.PLAIN_MODELS} (not set; it names folders of plain "
+                             f"models, separated by {os.pathsep!r})")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        named = _same_bytes(source)
+        if named is None:
+            return (f"it was given as bytes, and no *{_SUFFIX} with the same bytes is in "
+                    f"{where}; give its path, or the plain model")
+        source = named
+    plain = expected_plain(source)
+    if plain is None:
+        return "give the plain, uncompiled .tflite instead"
+    return (f"give the plain model instead; looked for {plain.name} beside this file "
+            f"({plain}) and in {where}: none exists")
 
 
 def not_on_host(model, source, *, no_stick: bool = False) -> str:
@@ -68,13 +121,7 @@ def not_on_host(model, source, *, no_stick: bool = False) -> str:
             "Edge TPU program runs only on a Coral USB Accelerator (target='coral')")
     if no_stick:
         head += ", and no Coral USB Accelerator was found"
-    plain = expected_plain(source)
-    if plain is not None:
-        where = f"give the plain model instead; it is expected beside this file at {plain}, " \
-                f"which does not exist"
-    else:
-        where = "give the plain, uncompiled .tflite instead"
-    return (f"{head}. The plain model runs anywhere (target='cpu' or 'sim'): {where}")
+    return f"{head}. The plain model runs anywhere (target='cpu' or 'sim'): {_looked_at(source)}"
 
 
 def refuse_compiled(model, where: str | None = None) -> None:

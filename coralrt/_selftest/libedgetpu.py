@@ -83,8 +83,12 @@ def run_model(model: Path, inputs: list[np.ndarray], *, library: str = LIBRARY,
         out = os.path.join(tmp, "outputs.npz")
         np.savez(feed, **{f"in{i}": a for i, a in enumerate(inputs)})
         try:
+            # The child must load the installed LiteRT and libedgetpu, never coralrt's
+            # stand-ins for them (coralrt.compat, which CORALRT_COMPAT=1 installs).
+            env = {k: v for k, v in os.environ.items() if k != "CORALRT_COMPAT"}
             proc = subprocess.run([sys.executable, "-c", _RUN, str(model), library, feed, out],
-                                  capture_output=True, text=True, timeout=timeout, check=False)
+                                  capture_output=True, text=True, timeout=timeout, check=False,
+                                  env=env)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"LiteRT with {library} did not finish within {timeout:g} s") \
                 from None

@@ -2,7 +2,10 @@
 
 The targets are probed in :func:`coralrt._targets.registry.auto_order`
 (``coral``, then ``cpu``, which always accepts); the log says where the
-session runs and why the targets before it were passed over.
+session runs and why the targets before it were passed over.  The first time
+in a process that ``auto`` settles for a target other than the first (the CPU
+instead of a stick) it says so at WARNING, later times at INFO: the user asked
+for that fallback, and one line is enough to learn that it happened.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ __all__ = ["choose_auto", "probe_coral", "probe_cpu", "resolve_driver"]
 
 log = logging.getLogger("coralrt.session")
 
+# Whether a fallback was already logged at WARNING in this process.
+_warned = False
+
 
 def choose_auto(source, o: Loading) -> tuple[str, Model | None]:
     """``(target name, model)``: the first target of the ``auto`` order whose
@@ -33,11 +39,18 @@ def choose_auto(source, o: Loading) -> tuple[str, Model | None]:
         model = found.model if found.model is not None else model
         if found.ok:
             if passed:
-                log.info("target 'auto': running on %s (%s)%s", target.title,
-                         "; ".join(passed), unused)
+                _log_fallback("target 'auto': running on %s (%s)%s", target.title,
+                              "; ".join(passed), unused)
             return target.name, model
         passed.append(found.reason)
     raise ConfigError("target 'auto': no registered target accepts this model")
+
+
+def _log_fallback(message: str, *args) -> None:
+    global _warned
+    level = logging.INFO if _warned else logging.WARNING
+    _warned = True
+    log.log(level, message, *args)
 
 
 def probe_coral(target: Target, source, o: Loading, parsed: Model | None = None) -> Probe:

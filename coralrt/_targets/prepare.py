@@ -22,6 +22,7 @@ from coralrt._backends.base import CpuBackend
 from coralrt import _config as config
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt._model import Model, load_model
+from coralrt._formats.opnames import DWN1
 from coralrt._model.compiled import compiled_by, expected_plain, not_on_host, plain_sibling
 from coralrt._model.fixups import with_explicit_biases
 from coralrt.plugins._host import PluginHost
@@ -93,9 +94,10 @@ def _host_runnable(source, model: Model, target: str):
     plain = plain_sibling(source) if by == "edgetpu_compiler" else None
     if plain is None:
         raise ModelError(not_on_host(model, source))
+    named = "the model given as bytes" if isinstance(source, (bytes, bytearray, memoryview)) \
+        else source
     log.warning("%s was compiled by edgetpu_compiler and runs only on a Coral USB "
-                "Accelerator; running the plain model beside it, %s, on target '%s'",
-                source, plain, target)
+                "Accelerator; running its plain model, %s, on target '%s'", named, plain, target)
     return plain, load_model(plain)
 
 
@@ -182,6 +184,12 @@ def _created(o: Loading, kind: str, **options) -> EdgeTpuDevice:
     return device
 
 
+def _names_edgetpu_op(source) -> bool:
+    """Whether model bytes name edgetpu_compiler's operator (a fast byte search)."""
+    return isinstance(source, (bytes, bytearray, memoryview)) and \
+        DWN1.op_name.encode() in bytes(source)
+
+
 def prepare_on_device(target: Target, source, o: Loading,
                       parsed: Model | None = None) -> Prepared:
     """Compile just in time with the compiler for ``target.compiler_kind`` and
@@ -189,8 +197,8 @@ def prepare_on_device(target: Target, source, o: Loading,
     (``sim``: the simulated stick), or on ``device=``.  The device factory is
     given ``kernels=``, the plugins' Edge TPU kernel factories."""
     name = target.name
-    if parsed is None and expected_plain(source) is not None:
-        parsed = load_model(source)  # named like an edgetpu_compiler output: look inside
+    if parsed is None and (expected_plain(source) is not None or _names_edgetpu_op(source)):
+        parsed = load_model(source)  # maybe an edgetpu_compiler output: look inside
     if parsed is not None:
         source, parsed = _host_runnable(source, parsed, name)
     compiler = o.host.compilers.for_device(target.compiler_kind)
@@ -273,6 +281,8 @@ def prepare_coral(target: Target, source, o: Loading, parsed: Model | None = Non
         return _first_stick(o, target.device_kind)
 
     model = parsed or load_model(source)
+    if via is None and not model.is_edgetpu_compiled:
+        _stick_before_compiler(o, target)
     if model.is_edgetpu_compiled:
         if via is not None:
             data = model.to_bytes() if isinstance(source, Model) else model.source
@@ -291,6 +301,28 @@ def prepare_coral(target: Target, source, o: Loading, parsed: Model | None = Non
                         jit.compile_info, source=source, source_model=model)
     return dataclasses.replace(_on_devices(jit.model, o, default, jit.compile_info),
                                source=source, source_model=model)
+
+
+def _stick_before_compiler(o: Loading, target: Target) -> None:
+    """A plain model on ``coral`` with no stick attached fails with that, before
+    any word about compilers: the compile is for a stick, and the stick is
+    what the user can fix first.  Device objects and plugin devices are not
+    USB sticks to look for; when USB cannot be listed, opening says why."""
+    device = o.options.device
+    if device is not None and not isinstance(device, str):
+        return
+    if device is None and o.host.devices.plugin_for(target.device_kind) is not None:
+        return
+    from coralrt._usb import list_devices
+    from coralrt._usb.discovery import no_stick
+    try:
+        found = list_devices()
+    except Exception as e:  # noqa: BLE001 - opening the stick reports it
+        log.debug("listing USB devices failed: %s", e)
+        return
+    if not found:
+        raise no_stick(device, extra=" (`coralrt devices` lists what is attached). Without "
+                       "a stick, target 'sim' runs the model on the simulated Edge TPU")
 
 
 def usb_compiler(o: Loading):

@@ -112,6 +112,13 @@ def _parse_port(path: str) -> str:
     return path if path.startswith(SYSFS_PREFIX) else SYSFS_PREFIX + path
 
 
+def no_stick(path: str | None = None, *, extra: str = "") -> DeviceNotFoundError:
+    """The error for "no stick is attached at all" (``extra`` is appended)."""
+    return DeviceNotFoundError(
+        "no Coral USB Accelerator found (looked for 1a6e:089a and 18d1:9302); plug the "
+        "stick in, use a data cable, and check `lsusb`" + extra, path=path)
+
+
 def select(backend, path: str | None) -> tuple[object, str, DeviceInfo]:
     """The (pyusb device, mode, info) named by ``path``.
 
@@ -122,9 +129,7 @@ def select(backend, path: str | None) -> tuple[object, str, DeviceInfo]:
     listed = [f"usb:{i} {port_path_of(d) or '(port unknown)'} ({m})"
               for i, (d, m) in enumerate(found)]
     if not found:
-        raise DeviceNotFoundError(
-            "no Coral USB Accelerator found (looked for 1a6e:089a and 18d1:9302); plug the "
-            "stick in, use a data cable, and check `lsusb`", path=path)
+        raise no_stick(path)
     if path in (None, "", "usb"):
         index = 0
     elif path.startswith("usb:") or path.startswith(":"):

@@ -6,6 +6,11 @@ returns coralrt's module itself (the same object)::
 
     import tflite_runtime.interpreter as tfl    # tfl is coralrt.tflite.interpreter
 
+It also answers for the one module ``ai_edge_litert.interpreter`` (LiteRT's
+own, the successor of tflite_runtime), with :mod:`coralrt.compat._litert`:
+LiteRT itself except where a program loads libedgetpu's delegate, which then
+runs on coralrt.  The rest of the ``ai_edge_litert`` package is LiteRT's.
+
 Nothing of coralrt is imported until a mapped name is: this module uses the
 standard library only, so the start-up hook (``CORALRT_COMPAT=1``) can load
 it on its own, before any other package, without importing coralrt or NumPy.
@@ -25,11 +30,13 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["ALIASES", "ENV", "CompatFinder", "install", "uninstall", "installed",
+__all__ = ["ALIASES", "MODULES", "ENV", "CompatFinder", "install", "uninstall", "installed",
            "target_of", "env_enabled"]
 
 #: Names an unmodified program imports -> the coralrt package that provides them.
 ALIASES = {"tflite_runtime": "coralrt.tflite", "pycoral": "coralrt.pycoral"}
+#: Single modules (not their packages) -> the coralrt module that stands in for them.
+MODULES = {"ai_edge_litert.interpreter": "coralrt.compat._litert"}
 
 #: The variable the start-up hook reads.
 ENV = "CORALRT_COMPAT"
@@ -46,6 +53,8 @@ def env_enabled(environ=None) -> bool:
 
 def target_of(fullname: str) -> str | None:
     """The coralrt module that provides ``fullname``, or None when it is not mapped."""
+    if fullname in MODULES:
+        return MODULES[fullname]
     top, dot, rest = fullname.partition(".")
     base = ALIASES.get(top)
     if base is None:
@@ -59,11 +68,17 @@ class CompatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     coralrt_compat = True
 
+    @staticmethod
+    def coralrt_maps(fullname: str) -> bool:
+        """Whether this finder answers for ``fullname`` (coralrt's CPU backends set
+        such names aside while they import the installed package)."""
+        return target_of(fullname) is not None
+
     def find_spec(self, fullname, path=None, target=None):
         name = target_of(fullname)
         if name is None:
             return None
-        if fullname.partition(".")[2]:
+        if fullname.partition(".")[2] and fullname not in MODULES:
             # A submodule: only when coralrt has it, so that a missing one fails as
             # "No module named 'pycoral.x'" (the parent is coralrt's, already imported).
             try:
@@ -85,7 +100,8 @@ class CompatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.modules[fullname] = real
 
     def __repr__(self) -> str:
-        return "<coralrt.compat.CompatFinder: tflite_runtime, pycoral -> coralrt>"
+        return ("<coralrt.compat.CompatFinder: tflite_runtime, pycoral, "
+                "ai_edge_litert.interpreter -> coralrt>")
 
 
 def _finders() -> list:
@@ -98,8 +114,7 @@ def installed() -> bool:
 
 
 def _mapped_entries() -> list[str]:
-    return [k for k in list(sys.modules)
-            if k.partition(".")[0] in ALIASES]
+    return [k for k in list(sys.modules) if target_of(k) is not None]
 
 
 def install() -> CompatFinder:

@@ -5,6 +5,13 @@ No native library is loaded: the delegate only tells a
 and on which stick.  The library names are libedgetpu's (what pycoral asks
 for on each platform), alone or as a path; the ``device`` option takes
 pycoral's device strings.
+
+As libedgetpu's delegate does, loading fails when no stick can serve it
+(``ValueError: Failed to load delegate from libedgetpu.so.1``): under
+``CORALRT_TARGET`` ``auto`` (the default) or ``coral`` when no Coral USB
+Accelerator, or not the one named, is connected; under ``sim`` when the
+index names none of the ``CORALRT_SIM_STICKS`` simulated sticks.  Under
+``cpu`` the delegate is not checked: the work runs on the CPU by request.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+
+from coralrt import _config as config
 
 __all__ = ["EdgeTpuDelegate", "load_delegate", "EDGETPU_LIBRARIES"]
 
@@ -81,5 +90,51 @@ def load_delegate(library, options: dict | None = None) -> EdgeTpuDelegate:
     if options is not None and not hasattr(options, "items"):
         raise _failed(library, f"options must be a dict, got {type(options).__name__}")
     delegate = EdgeTpuDelegate(os.fspath(library), options)
+    _check_served(delegate)
     log.debug("Edge TPU delegate: %r", delegate)
     return delegate
+
+
+def _index(device: str | None) -> int:
+    return 0 if device is None else int(device.rpartition(":")[2])
+
+
+def _check_served(delegate: EdgeTpuDelegate) -> None:
+    """Raise libedgetpu's ValueError when no stick of the target can serve ``delegate``."""
+    target = config.compat_target()
+    library, index = delegate.library, _index(delegate.device)
+    if target == "cpu":
+        return
+    if target == "sim":
+        n = config.sim_sticks()
+        if index >= n:
+            raise _failed(library, f"{_named(delegate)} is not one of the {n} simulated "
+                                   f"sticks (CORALRT_TARGET=sim presents :0 to :{n - 1}; "
+                                   f"set {config.SIM_STICKS} for more)")
+        return
+    found = attached_sticks()
+    if found is None or index < found:
+        return              # present, or cannot tell: opening the stick will say
+    hint = ("check that it is plugged in with a data cable (`lsusb` lists 1a6e:089a or "
+            "18d1:9302, `coralrt devices`) and that you may open it (docs/install-raspberry-pi"
+            ".md, udev rules); to run without a stick, set CORALRT_TARGET=sim (the simulated "
+            "Edge TPU) or CORALRT_TARGET=cpu")
+    if found == 0:
+        raise _failed(library, f"no Coral USB Accelerator found; {hint}")
+    raise _failed(library, f"{_named(delegate)}: found only {found} Coral USB "
+                           f"Accelerator{'s' if found > 1 else ''}; {hint}")
+
+
+def _named(delegate: EdgeTpuDelegate) -> str:
+    return f"device {delegate.options.get('device')!r}" if delegate.device else "the first stick"
+
+
+def attached_sticks() -> int | None:
+    """How many Coral USB Accelerators are attached; None when USB cannot be
+    listed here (no libusb, no permission), which is for opening to report."""
+    from coralrt._usb import list_devices
+    try:
+        return len(list_devices())
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.debug("listing USB devices failed: %s", e)
+        return None

@@ -27,6 +27,7 @@ import enum
 import logging
 import operator
 import os
+import weakref
 
 import numpy as np
 
@@ -52,6 +53,20 @@ _IGNORED = frozenset({"experimental_disable_delegate_clustering",
                       "experimental_disable_delegate_node_fusion",
                       "experimental_force_delegate_node_profiling"})
 _NULL = "Tensor data is null. Run allocate_tensors() first"
+_NOT_READY = "Invoke called on model that is not ready."
+
+# Interpreters by the number _native_handle() gave out (what pycoral's invoke_with_*
+# functions take in place of tflite_runtime's native pointer).
+_HANDLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _interpreter_of(handle) -> "Interpreter":
+    """The interpreter whose ``_native_handle()`` is ``handle``; ValueError otherwise."""
+    found = _HANDLES.get(handle) if isinstance(handle, int) else None
+    if found is None:
+        raise ValueError(f"{handle!r} is not the _native_handle() of a live coralrt "
+                         f"Interpreter")
+    return found
 
 
 @enum.unique
@@ -66,14 +81,6 @@ class OpResolverType(enum.Enum):
 
 _KERNELS = {"AUTO": "optimized", "BUILTIN": "optimized", "BUILTIN_REF": "reference",
             "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "builtin"}
-
-
-def _stick_present() -> bool:
-    from coralrt._usb import list_devices
-    try:
-        return bool(list_devices())
-    except Exception:  # no libusb, no permission: as target "auto" treats it, no stick
-        return False
 
 
 class Interpreter:
@@ -114,10 +121,9 @@ class Interpreter:
             raise ValueError("experimental_delegates: coralrt takes one Edge TPU delegate")
         target, device = "cpu", None
         if self._delegates:
+            # load_delegate() checked that a stick serves it, as libedgetpu does.
             target = config.compat_target()
             device = self._delegates[0].device if target in ("coral", "auto") else None
-            if target == "auto" and device is not None and not _stick_present():
-                device = None   # auto without a stick: the CPU, as target "auto" decides
         if model_path and not os.path.isfile(model_path):
             # tflite_runtime's wording (LiteRT's starts the same), which programs
             # match on; coralrt's own is "model file not found".
@@ -354,7 +360,7 @@ class Interpreter:
         """Run the model on the inputs set; outputs land in the output arrays."""
         self._ensure_safe()
         if self._buffers is None:
-            raise RuntimeError("Invoke called on model that is not ready.")
+            raise RuntimeError(_NOT_READY)
         results = self._run([self._buffers[i] for i in self._main.inputs])
         for i, value in zip(self._main.outputs, results.values()):
             buf = self._buffers[i]
@@ -363,6 +369,25 @@ class Interpreter:
                 self._shapes[i] = value.shape
             else:
                 buf[...] = value
+
+    def _native_handle(self) -> int:
+        """A number naming this interpreter, for pycoral's ``invoke_with_membuffer``
+        and friends (tflite_runtime gives the native interpreter's address)."""
+        _HANDLES[id(self)] = self
+        return id(self)
+
+    def _invoke_with_bytes(self, data) -> None:
+        """Input 0 from the first bytes of ``data`` (a bytes-like object), then invoke:
+        RuntimeError when not allocated, or when ``data`` holds fewer bytes than input 0."""
+        if self._buffers is None:
+            raise RuntimeError(_NOT_READY)
+        i = self._main.inputs[0]
+        buf = self._buffers[i]
+        view = memoryview(data).cast("B")
+        if view.nbytes < buf.nbytes:
+            raise RuntimeError(f"input size={view.nbytes}, expected={buf.nbytes}.")
+        self.set_tensor(i, np.frombuffer(view[:buf.nbytes], buf.dtype).reshape(buf.shape))
+        self.invoke()
 
     def close(self) -> None:
         """Release the session and the sticks it opened (not in tflite_runtime)."""

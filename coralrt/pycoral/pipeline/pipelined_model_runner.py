@@ -73,6 +73,14 @@ def _names(details) -> list[str]:
     return [d["name"] for d in details]
 
 
+def _status(e: BaseException) -> str:
+    """An interpreter's error as libcoral words a segment's status: the message alone
+    (``Invoke called on model that is not ready.``); other exceptions keep their type."""
+    if isinstance(e, (RuntimeError, ValueError)) and str(e):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
 def _queue_size(size) -> int | None:
     size = int(size)
     if size < 0:
@@ -140,7 +148,7 @@ class _Segments:
             except Exception as e:  # noqa: BLE001 - reported by push()/pop()
                 log.error("pipeline segment %d failed: %s", index, e)
                 with self.lock:
-                    self.errors[index] = f"{type(e).__name__}: {e}"
+                    self.errors[index] = _status(e)
                 out_q.push({})      # later segments fail too, so pop() wakes up
                 failed = True
                 continue

@@ -17,7 +17,8 @@ import numpy as np
 from coralrt._logs import StderrHandler
 
 __all__ = ["load_edgetpu_delegate", "make_interpreter", "list_edge_tpus", "run_inference",
-           "get_runtime_version", "set_verbosity"]
+           "invoke_with_bytes", "invoke_with_membuffer", "invoke_with_dmabuffer",
+           "supports_dmabuf", "get_runtime_version", "set_verbosity"]
 
 # The library name pycoral asks for on Linux; coralrt's load_delegate knows it.
 EDGETPU_SHARED_LIB = "libedgetpu.so.1"
@@ -63,7 +64,19 @@ def list_edge_tpus() -> list[dict]:
     ``usb:N`` when the port is unknown; the list order is the ``:N`` numbering.
     Sticks are listed whether or not their firmware is loaded.  Never raises:
     without libusb, pyusb or permission to look, the list is empty.
+
+    Under ``CORALRT_TARGET=sim`` the list is the simulated sticks instead
+    (``CORALRT_SIM_STICKS``, default 4): ``{"type": "usb", "path": "usb:N",
+    "simulated": True}``, so that programs written for several sticks run.
     """
+    from coralrt import _config as config
+    try:
+        if config.compat_target() == "sim":
+            return [{"type": "usb", "path": f"usb:{i}", "simulated": True}
+                    for i in range(config.sim_sticks())]
+    except Exception as e:  # noqa: BLE001 - a bad variable: as no stick, said in the log
+        log.warning("list_edge_tpus: %s", e)
+        return []
     try:
         from coralrt._usb import list_devices
         found = list_devices()
@@ -113,6 +126,44 @@ def run_inference(interpreter, input_data) -> None:
     data = _input_bytes(input_data, expected)
     interpreter.set_tensor(details["index"], np.frombuffer(data, dtype).reshape(shape))
     interpreter.invoke()
+
+
+def invoke_with_bytes(interpreter_handle, input_data) -> None:
+    """Input 0 from the first bytes of ``input_data``, then invoke.
+
+    ``interpreter_handle`` is ``interpreter._native_handle()``.  RuntimeError
+    when the interpreter is not allocated ("Invoke called on model that is not
+    ready.") or the bytes are too few, as pycoral's.
+    """
+    _tflite()._interpreter_of(interpreter_handle)._invoke_with_bytes(input_data)
+
+
+def invoke_with_membuffer(interpreter_handle, buffer: int, size: int) -> None:
+    """Input 0 from ``size`` bytes at address ``buffer``, then invoke.
+
+    As :func:`invoke_with_bytes`; the bytes are copied before the run."""
+    interpreter = _tflite()._interpreter_of(interpreter_handle)
+    interpreter._invoke_with_bytes(ctypes.string_at(int(buffer), int(size)) if size else b"")
+
+
+def invoke_with_dmabuffer(interpreter_handle, dma_fd: int, size: int) -> None:
+    """RuntimeError: dma-buf input is for PCIe Edge TPUs, and coralrt drives USB ones.
+
+    The checks pycoral makes first come first (an unallocated interpreter
+    raises "Invoke called on model that is not ready."); :func:`supports_dmabuf`
+    is False."""
+    interpreter = _tflite()._interpreter_of(interpreter_handle)
+    if interpreter._buffers is None:
+        interpreter.invoke()                    # raises pycoral's "not ready" error
+    raise RuntimeError("dma-buf input needs a PCIe Edge TPU (supports_dmabuf() is False "
+                       "for Coral USB Accelerators, which coralrt drives); pass the "
+                       "bytes with run_inference() or invoke_with_membuffer()")
+
+
+def supports_dmabuf(interpreter_handle) -> bool:
+    """False: only PCIe Edge TPUs take dma-buf input, and coralrt drives USB ones."""
+    _tflite()._interpreter_of(interpreter_handle)
+    return False
 
 
 def get_runtime_version() -> str:
