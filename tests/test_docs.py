@@ -11,6 +11,8 @@ Conventions for the fenced code blocks of README.md and docs/*.md:
   ``.tflite`` file skips, with the reason, when that folder is absent.  HOME
   and the XDG folders point into a private folder, so the compile cache and
   the firmware folder are the block's own, whatever this machine has.
+  ``CORALRT_TARGET=sim`` is set: a program that loads libedgetpu's delegate
+  runs on the simulated stick, as no stick is attached where the docs are tested.
 - ```console blocks are terminal transcripts: a line starting with ``$ `` is
   a command (a trailing backslash continues it), the lines up to the next
   command are its output (stdout and stderr).  ``coralrt ...`` runs in-process
@@ -111,6 +113,9 @@ def doc_dir(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(home / sub))
     for var in ("CORALRT_CACHE_DIR", "CORALRT_CACHE", "CORALRT_CACHE_MAX_BYTES"):
         monkeypatch.delenv(var, raising=False)
+    # No stick where the docs are tested: programs that load libedgetpu's delegate run
+    # on the simulated one, as `python -m coralrt.compat --target sim` runs them.
+    monkeypatch.setenv("CORALRT_TARGET", "sim")
     monkeypatch.chdir(work)
     return work
 

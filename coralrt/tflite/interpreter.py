@@ -379,15 +379,21 @@ class Interpreter:
     def _invoke_with_bytes(self, data) -> None:
         """Input 0 from the first bytes of ``data`` (a bytes-like object), then invoke:
         RuntimeError when not allocated, or when ``data`` holds fewer bytes than input 0."""
-        if self._buffers is None:
+        if not self._is_ready():
             raise RuntimeError(_NOT_READY)
         i = self._main.inputs[0]
         buf = self._buffers[i]
+        nbytes, dtype, shape = buf.nbytes, buf.dtype, buf.shape
+        del buf                 # a held reference would block invoke() (_ensure_safe)
         view = memoryview(data).cast("B")
-        if view.nbytes < buf.nbytes:
-            raise RuntimeError(f"input size={view.nbytes}, expected={buf.nbytes}.")
-        self.set_tensor(i, np.frombuffer(view[:buf.nbytes], buf.dtype).reshape(buf.shape))
+        if view.nbytes < nbytes:
+            raise RuntimeError(f"input size={view.nbytes}, expected={nbytes}.")
+        self.set_tensor(i, np.frombuffer(view[:nbytes], dtype).reshape(shape))
         self.invoke()
+
+    def _is_ready(self) -> bool:
+        """Whether ``allocate_tensors()`` has prepared the interpreter to run."""
+        return self._buffers is not None
 
     def close(self) -> None:
         """Release the session and the sticks it opened (not in tflite_runtime)."""

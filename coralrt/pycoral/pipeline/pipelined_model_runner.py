@@ -24,6 +24,7 @@ __all__ = ["PipelinedModelRunner"]
 log = logging.getLogger("coralrt.pycoral")
 
 _INTERNAL_QUEUE_SIZE = 1
+_NOT_READY = "Invoke called on model that is not ready."
 
 
 class _WaitQueue:
@@ -140,6 +141,8 @@ class _Segments:
             try:
                 if not tensors:
                     raise RuntimeError("Empty input tensor map.")
+                if not getattr(interp, "_is_ready", lambda: True)():
+                    raise RuntimeError(_NOT_READY)      # libcoral's words, before any input
                 for d in inputs:
                     interp.set_tensor(d["index"], tensors[d["name"]].reshape(d["shape"]))
                 interp.invoke()

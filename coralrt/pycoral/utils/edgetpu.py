@@ -153,7 +153,7 @@ def invoke_with_dmabuffer(interpreter_handle, dma_fd: int, size: int) -> None:
     raises "Invoke called on model that is not ready."); :func:`supports_dmabuf`
     is False."""
     interpreter = _tflite()._interpreter_of(interpreter_handle)
-    if interpreter._buffers is None:
+    if not interpreter._is_ready():
         interpreter.invoke()                    # raises pycoral's "not ready" error
     raise RuntimeError("dma-buf input needs a PCIe Edge TPU (supports_dmabuf() is False "
                        "for Coral USB Accelerators, which coralrt drives); pass the "
