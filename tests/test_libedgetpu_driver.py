@@ -184,6 +184,8 @@ def test_the_keyword_wins_over_the_variable(monkeypatch):
     monkeypatch.setenv(config.DRIVER, "libedgetpu")
     monkeypatch.setattr(via, "probe", no_probe)
     monkeypatch.setenv("CORALRT_EDGETPU_COMPILER", "")
+    import coralrt._usb     # a stick is attached: the next thing coralrt's path needs is a compiler
+    monkeypatch.setattr(coralrt._usb, "list_devices", lambda *a, **k: [object()])
     with pytest.raises(CompilerUnavailableError):        # coralrt's path, not libedgetpu's
         InferenceSession(shared_model(PLAIN), target="coral", driver="coralrt")
 
