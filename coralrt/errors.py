@@ -451,3 +451,12 @@ class DeviceWedgedError(DeviceLostError):
     """A transfer timed out and the stick no longer answers anything, register reads
     included: public reports say only unplugging and replugging it helps
     (edgetpu#70, edgetpu#237)."""
+
+
+__all__ += ["TrainingError"]
+
+
+class TrainingError(CoralRTError, RuntimeError):
+    """On-device training (``coralrt.pycoral.learn``) was asked for something it cannot
+    do: an embedding of the wrong size, a class id out of order, saving before any
+    training.  A RuntimeError, as pycoral raises for the same cases."""

@@ -150,17 +150,15 @@ def test_a_compiled_model_on_sim_is_refused_not_zeros(tmp_path):
     assert "Coral USB Accelerator" in proc.stderr, proc.stderr
 
 
-def test_pycoral_learn_says_it_is_not_provided(tmp_path):
+def test_pycoral_learn_imports_coralrts_modules(tmp_path):
     script = _write(tmp_path, "learn.py", """\
-        try:
-            from pycoral.learn.imprinting.engine import ImprintingEngine
-        except ImportError as e:
-            print("ImportError:", e)
-            raise SystemExit(0)
-        raise SystemExit("imported")
+        from pycoral.learn.imprinting.engine import ImprintingEngine
+        from pycoral.learn.backprop.softmax_regression import SoftmaxRegression
+        print(ImprintingEngine.__module__, SoftmaxRegression.__module__)
     """)
     out = _ok(_compat([script], cwd=tmp_path))
-    assert "ImportError:" in out and "not provided" in out, out
+    assert out.split() == ["coralrt.pycoral.learn.imprinting.engine",
+                           "coralrt.pycoral.learn.backprop.softmax_regression"], out
 
 
 # -- the runner behaves like python ----------------------------------------------------------

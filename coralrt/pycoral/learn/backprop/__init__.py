@@ -1,0 +1,1 @@
+"""pycoral.learn.backprop on coralrt: a softmax regression last layer (module ``softmax_regression``)."""

@@ -1,0 +1,1 @@
+"""pycoral.learn.imprinting on coralrt: weight imprinting (module ``engine``)."""
