@@ -79,3 +79,17 @@ def test_inspect_shows_the_compiler_build_only_when_recorded(name, build, capsys
         assert "compiler" not in line
     else:
         assert line.endswith(f", compiler build {build}")
+
+
+def test_serve_compiler_without_a_compiler_gives_the_remedy(monkeypatch, tmp_path, capsys):
+    """Not 'run coralrt serve-compiler' (this command): install edgetpu_compiler here, or
+    name it with --compiler."""
+    pytest.importorskip("aiohttp", reason="the compile service needs the server extra")
+    monkeypatch.delenv("CORALRT_EDGETPU_COMPILER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["serve-compiler"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("coralrt: error: the compile service runs edgetpu_compiler, and "
+                          "here it is missing")
+    assert "--compiler PATH" in err and "apt-get install edgetpu-compiler" in err
+    assert "serve-compiler" not in err and "CORALRT_COMPILER_URL" not in err
