@@ -130,12 +130,21 @@ class InferenceSession:
     def profile(self) -> list[dict]:
         """Per step of the last ``run``: kind ("tpu"/"cpu"/"plugin"), label, host
         seconds and, for Edge TPU steps, the device seconds (the latency model's
-        estimate on the simulated stick).
+        estimate on the simulated stick).  ``operators``: how many of the model's
+        operators the step runs (for an Edge TPU segment compiled by the session,
+        those of the source model it covers).
 
         On ``sim`` and ``coral``, when no operator reached the Edge TPU, every
         row also has a ``note`` saying so and why (the commonest reason).
         """
         rows = self._program.profile()
+        covered = _segment_sizes(self.compile_info)
+        if covered:
+            # An Edge TPU step is one compiled operator; count the model's operators
+            # it runs (TPU steps come in segment order).
+            tpu = iter(range(len(covered)))
+            rows = [{**r, "operators": covered.get(next(tpu), r["operators"])}
+                    if r["kind"] == "tpu" else r for r in rows]
         if self.target != "cpu" and self.compile_info is not None \
                 and not any(r["kind"] == "tpu" for r in rows):
             note = ("no Edge TPU segment: the whole model runs on the CPU ("
@@ -383,3 +392,13 @@ def _signature_values(key: str, names: list[str], inputs) -> list:
         return list(inputs)
     raise InputError(f"signature {key!r} takes {names}: pass a dict by those names "
                      f"or a list in that order")
+
+
+def _segment_sizes(compile_info) -> dict[int, int]:
+    """Operators of the source model per Edge TPU segment, from the compile's placement
+    (``[unit, segment, reason]`` per operator); empty when there is none."""
+    out: dict[int, int] = {}
+    for entry in (compile_info or {}).get("placement") or ():
+        if entry and entry[0] == "tpu" and entry[1] is not None:
+            out[int(entry[1])] = out.get(int(entry[1]), 0) + 1
+    return out

@@ -348,8 +348,10 @@ class CompilerUnavailableError(TargetUnavailableError):
     """
 
     def __init__(self, message: str | None = None):
-        head = message or ("this model is not compiled for the Edge TPU and no compiler whose "
-                           "programs run on a real Edge TPU was found.")
+        head = message or ("this model holds no program for a real Edge TPU (it is a plain "
+                           ".tflite, or a file compiled by coralrt for the simulated Edge TPU, "
+                           "which runs only with target='sim'), and no compiler whose programs "
+                           "run on a real Edge TPU (edgetpu_compiler) was found.")
         super().__init__(head if COMPILER_HELP in head else f"{head}\n{COMPILER_HELP}")
 
 

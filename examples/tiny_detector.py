@@ -1,9 +1,11 @@
-"""Build a tiny, UNTRAINED object detector to try examples/detect_objects.py with.
+"""Build a tiny, UNTRAINED object detector: the fallback of examples/detect_objects.py.
 
     python examples/tiny_detector.py /tmp/tiny_detector.tflite
 
-then give it to examples/detect_objects.py (examples/README.md). On a real
-stick (detect_objects.py --target coral) it is compiled the first time, by
+examples/detect_objects.py uses a real detector (the shared SSD MobileNet v1);
+it builds this model itself only when that file is absent, and says so. Pass
+the file written here with detect_objects.py --model to try the second output
+layout. On a real stick (--target coral) it is compiled the first time, by
 edgetpu_compiler or a compile service, like any plain .tflite.
 
 The model has the layout coralrt.vision._detect reads as "plain boxes and
@@ -15,8 +17,7 @@ box = anchor + offset addition, operators the Edge TPU runs.
 
 Its weights are a fixed arithmetic pattern, not trained: the boxes and
 classes it reports mean NOTHING, they are only the same on every run and
-machine. For real detections use Coral's
-ssd_mobilenet_v2_coco_quant_postprocess.tflite (google-coral/test_data).
+machine.
 """
 
 import argparse

@@ -87,3 +87,36 @@ def test_run_without_image_keeps_its_detection_threshold(capsys):
                        shared_model("ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"),
                        "--repeat", 1, "--json")
     assert code == 0 and json.loads(out)["detections"]["threshold"] == 0.0
+
+
+def test_classes_scoring_zero_are_not_listed(capsys):
+    """MobileNet v2 gives the sunflower 0.988 'daisy' and a quantized 0 to every other
+    class: those are no answer and are left out of the top-5."""
+    code, out, _ = run(capsys, "run", shared_model(V2), "--image",
+                       shared_image("sunflower.bmp"), "--json")
+    classes = json.loads(out)["classes"]
+    assert code == 0 and classes and all(c["score"] > 0 for c in classes)
+    assert classes[0]["id"] == 986 and len(classes) < 5
+    from coralrt.vision import classes_from_scores
+    scores = np.array([0.0, 0.5, 0.0, 0.25])
+    assert [c.id for c in classes_from_scores(scores, top_k=4)] == [1, 3]
+    assert [c.id for c in classes_from_scores(scores, top_k=4, threshold=-1)] == [1, 3, 0, 2]
+
+
+def test_segmentation_picture_has_a_legend(tmp_path):
+    """Each class drawn gets a swatch of its colour and its name, top left."""
+    from coralrt import InferenceSession, vision
+    labels = vision.read_labels(shared_image("pascal_voc_segmentation_labels.txt"))
+    image = shared_image("dog_segmentation.bmp")
+    seg = vision.segment(InferenceSession(shared_model(
+        "deeplabv3_mnv2_dm05_pascal_quant.tflite")), image, labels=labels)
+    drawn = np.asarray(vision.draw(image, seg).convert("RGB"))
+    shown = [c for c in seg.classes if c != 0]
+    assert "dog" in seg.labels and shown
+    colours = vision.palette()
+    corner = drawn[:16 * len(shown) + 8, :16]
+    for cid in shown:          # the legend's swatches hold the exact class colours
+        assert (corner == colours[cid]).all(axis=-1).sum() >= 20, cid
+    assert (drawn[2, 2] == 0).all()                 # on the legend's black backing
+    original = np.asarray(Image.open(image).convert("RGB"))
+    assert (drawn[:, 80:] != original[:, 80:]).any()   # the mask itself is drawn too

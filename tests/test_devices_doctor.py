@@ -430,3 +430,21 @@ def test_pi_guide_python_example_runs_on_the_simulated_stick(monkeypatch, capsys
             scope["session"].close()
         for device in opened:
             device.close()
+
+
+def test_no_stick_points_at_the_simulator(capsys):
+    """Someone without a stick learns that --target sim runs models anyway; with a
+    (simulated) stick the line is not printed."""
+    from coralrt._cli.main import main
+    hint = "no stick? --target sim (target='sim' in Python) runs models on coralrt's " \
+           "simulated Edge TPU"
+    assert main(["devices", "--simulated", "0"]) == 0
+    assert hint in capsys.readouterr().out
+    assert main(["devices", "--simulated", "1"]) == 0
+    assert hint not in capsys.readouterr().out
+    main(["doctor", "--simulated", "0"])
+    out = capsys.readouterr().out
+    assert hint in out and out.index("checks failed") < out.index(hint) < out.index(
+        "compile paths")
+    main(["doctor", "--simulated", "1"])
+    assert hint not in capsys.readouterr().out

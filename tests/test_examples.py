@@ -91,8 +91,13 @@ def check_detect(argv, out):
     assert count >= 1 and len(re.findall(r"  score \d\.\d\d  box ", out)) == count, out
     saved = Path(option(argv, "--save"))
     assert saved.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with Image.open(saved) as drawn, Image.open(REPO_ROOT / positional(argv)[1]) as image:
+    with Image.open(saved) as drawn, Image.open(REPO_ROOT / positional(argv)[0]) as image:
         assert drawn.size == image.size
+    if option(argv, "--model") is None:             # the real SSD: people and kites
+        assert "UNTRAINED" not in out and "coco_ssd_mobilenet_v1" in out, out
+        if option(argv, "--labels"):
+            found = set(re.findall(r"^  (\w+)  score ", out, re.M))
+            assert found == {"person", "kite"}, out
 
 
 def check_camera_loop(argv, out):
@@ -214,3 +219,21 @@ def test_camera_without_opencv_is_a_clear_error(env):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "--camera needs OpenCV: pip install opencv-python-headless" in proc.stderr
+
+
+def test_detect_falls_back_to_the_untrained_detector_only_without_the_shared_ssd(tmp_path, env):
+    """The example copied where no ../shared exists builds the tiny detector and warns."""
+    shared_model("detect/coco_ssd_mobilenet_v1_1.0_quant_2018_06_29.tflite")  # skips without
+    image = IMAGES_DIR / "kite_and_cold.jpg"
+    folder = tmp_path / "copy" / "examples"
+    folder.mkdir(parents=True)
+    for name in ("detect_objects.py", "tiny_detector.py"):
+        (folder / name).write_bytes((EXAMPLES / name).read_bytes())
+    proc = subprocess.run([sys.executable, str(folder / "detect_objects.py"), str(image),
+                           "--save", str(tmp_path / "out.png"), "--target", "cpu",
+                           "--threshold", "0.3"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("WARNING: ") and "not found: using the tiny UNTRAINED" in lines[0]
+    assert "model: tiny untrained detector" in proc.stdout

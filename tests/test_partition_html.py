@@ -11,7 +11,7 @@ from conftest import shared_model
 
 from coralrt._cli.main import main
 from coralrt._cli.partition_cmd import segment_estimates
-from coralrt._cli.partition_html import render_html, render_svg
+from coralrt._cli.partition_html import shown_reason, render_html, render_svg
 from coralrt._compile.partition import partition
 from coralrt import load_model
 from coralrt.testing import ModelBuilder
@@ -86,8 +86,8 @@ def test_deeplab_page_names_every_operator_reason_and_segment(tmp_path, capsys, 
     rows = _cells(root, "All operators")
     assert [(int(r[0]), r[1]) for r in rows] == [(o.index, o.opcode) for o in plan.ops]
     cpu = _cells(root, "Operators on the CPU, and why")
-    assert [(int(r[0]), r[3]) for r in cpu] == [(o.index, o.reason) for o in plan.ops
-                                                if o.unit == "cpu"]
+    assert [(int(r[0]), r[3]) for r in cpu] == [(o.index, shown_reason(o.reason))
+                                                for o in plan.ops if o.unit == "cpu"]
     titles = [t.text for t in graph.iter(f"{S}title")]
     for o in plan.ops:
         if o.unit == "cpu":                                   # on hover too
@@ -159,3 +159,33 @@ def test_plugin_kernel_operators_are_marked():
     op = next(o for o in plan.ops if o.opcode.startswith("<script>"))
     out = render_html(model, plan, "m", plugin_ops={op.opcode: "my_plugin"})
     assert "CPU, kernel of plugin my_plugin" in _text(_parse(out))
+
+
+def test_cpu_reasons_are_whole_and_without_the_contradicting_prefix(tmp_path):
+    """DeepLab's RESIZE_BILINEAR names its limitation: the picture writes that reason whole
+    (wrapped, never cut mid-word) and without "unspecified limitation" in front; the status
+    stays in the tooltip.  ARG_MAX keeps its own status, which is the reason."""
+    import xml.etree.ElementTree as ET
+    from conftest import shared_model
+    from coralrt._cli.main import main
+    svg, html = tmp_path / "d.svg", tmp_path / "d.html"
+    assert main(["partition", str(shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite")),
+                 "--svg", str(svg), "--html", str(html)]) == 0
+    ns = "{http://www.w3.org/2000/svg}"
+    notes = [t for t in ET.parse(svg).iter(f"{ns}text") if t.get("class") == "note"]
+    lines = ["".join(t.itertext()).replace(t.findtext(f"{ns}title") or "", "", 1)
+             for t in notes]
+    text = " ".join(x.strip() for x in lines)
+    assert "#64: resizing height 1 -> 33 with align_corners has no exact integer ratio, so " \
+           "the Edge TPU would lose precision" in text
+    assert "#71: Operation not supported: the Edge TPU has no ARG_MAX operator" in text
+    assert "unspecified limitation" not in text and "\u2026" not in text
+    page = html.read_text(encoding="utf-8")
+    root = _parse(page)
+    shown = [t for e in root.iter() if not e.tag.endswith("title")
+             for t in (e.text, e.tail) if t]                  # what is read without hovering
+    assert not any("unspecified limitation: resizing" in t for t in shown)
+    assert any(t == "resizing height 1 -> 33 with align_corners has no exact integer ratio, "
+                    "so the Edge TPU would lose precision" for t in shown)
+    assert 'title="Operation is otherwise supported, but not mapped due to some unspecified ' \
+           'limitation: resizing height 1 -&gt; 33' in page

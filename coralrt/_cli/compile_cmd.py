@@ -39,12 +39,20 @@ __all__ = ["add_parser", "command"]
 
 log = logging.getLogger("coralrt.cli")
 
+# What a native compile writes, said after its summary: the programs are coralrt's own.
+SIM_ONLY = ("{out} is compiled by coralrt for the simulated Edge TPU: it runs with "
+            "--target sim (target='sim') only. A Coral stick needs edgetpu_compiler's "
+            "output: compile with --compiler edgetpu_compiler (x86-64 Linux) or on a compile "
+            "service (--compiler-url), or use a compile cache shipped from such a machine "
+            "(coralrt cache import).")
+
 
 def add_parser(sub, parents) -> None:
     p = sub.add_parser(
         "compile", parents=parents, help="compile a model's Edge TPU segments ahead of time",
         description="Partition a plain quantized model and compile every Edge TPU segment "
-                    "with coralrt's native compiler (the output runs with target='sim') or "
+                    "with coralrt's native compiler (the default: the output runs only on "
+                    "the simulated Edge TPU, target='sim', not on a stick) or "
                     "edgetpu_compiler (target='coral'). With --compiler edgetpu_compiler, "
                     "several models are co-compiled in one edgetpu_compiler call (they share "
                     "the stick's parameter cache; earlier models get priority), and "
@@ -152,11 +160,15 @@ def _one(args, src: Path, mode: str) -> int:
     if args.json:
         print(dumps({"input": str(src), "output": str(out), "log": str(log_path),
                      "input_bytes": len(source.source or b""), "output_bytes": len(data),
-                     "compiler": args.compiler, **result.plan.to_dict()}))
+                     "compiler": args.compiler,
+                     "runs_on": "sim" if args.compiler == "native" else "coral",
+                     **result.plan.to_dict()}))
         return 0
     summary, _, _ = text.partition("\nOperator ")
     print(summary.rstrip())
     print(f"Operation log: {log_path}")
+    if args.compiler == "native":
+        print(SIM_ONLY.format(out=out))
     return 0
 
 

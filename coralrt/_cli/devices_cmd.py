@@ -19,7 +19,7 @@ import argparse
 from coralrt._cli._text import dumps, table, whole_number
 
 __all__ = ["add_parser", "command_devices", "simulated_count", "list_sticks", "device_node",
-           "format_devices", "MODE_TEXT"]
+           "format_devices", "MODE_TEXT", "SIM_HINT"]
 
 MODE_TEXT = {
     "bootloader": "firmware not loaded yet (coralrt loads it when the stick is opened)",
@@ -72,6 +72,12 @@ def list_sticks(backend=None) -> list[dict]:
     return sticks
 
 
+#: Said to someone without a stick: what runs anyway.
+SIM_HINT = ("no stick? --target sim (target='sim' in Python) runs models on coralrt's "
+            "simulated Edge TPU, with the stick's integer arithmetic and an estimated "
+            "latency: coralrt run MODEL --target sim")
+
+
 def format_devices(sticks: list[dict], *, simulated: bool = False) -> str:
     lines = []
     if simulated:
@@ -80,6 +86,7 @@ def format_devices(sticks: list[dict], *, simulated: bool = False) -> str:
     if not sticks:
         lines.append("no Coral USB Accelerator found (looked for 1a6e:089a and 18d1:9302); "
                      "`coralrt doctor` says what to check")
+        lines.append(SIM_HINT)
         return "\n".join(lines)
     rows = [[d["path"], d["mode"], d["usb_speed"], d["bus"], d["address"],
              d["port_path"] or "(unknown)"] for d in sticks]

@@ -24,7 +24,7 @@ import stat
 import sys
 from pathlib import Path
 
-from coralrt._cli.devices_cmd import DEV_ROOT, add_simulated_option, device_node, \
+from coralrt._cli.devices_cmd import SIM_HINT, DEV_ROOT, add_simulated_option, device_node, \
     simulated_backend
 from coralrt._cli.doctor_check import STATUSES, Check
 from coralrt._cli.doctor_compile import (compile_paths_report, format_compile_paths,
@@ -359,6 +359,9 @@ def command_doctor(args, **overrides) -> int:
             print(f"sticks from a simulated USB bus with {args.simulated} stick(s) "
                   "(--simulated); the other checks look at this machine\n")
         print(format_checks(checks))
+        if any(c.name == "sticks" and c.status != "ok" and "found:" not in c.found
+               for c in checks):
+            print(SIM_HINT)
         print()
         print(format_compile_paths(paths))
     return 1 if failed else 0

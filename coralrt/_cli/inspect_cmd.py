@@ -14,6 +14,7 @@ from coralrt.errors import ExecutableError
 from coralrt._formats.dwn1 import describe, parse_package
 from coralrt._formats.opnames import EDGETPU_OP
 from coralrt._model import Model, load_model
+from coralrt._model.compiled import compiled_by
 from coralrt._tensors import tensor_infos
 
 __all__ = ["add_parser", "command", "model_report", "format_report"]
@@ -84,6 +85,7 @@ def model_report(path) -> dict:
         "description": model.description,
         "schema_version": model.version,
         "edgetpu_compiled": model.is_edgetpu_compiled,
+        "compiled_by": compiled_by(model),
         "subgraphs": len(model.subgraphs),
         "tensors": sum(len(g.tensors) for g in model.subgraphs),
         "operator_count": sum(ops.values()),
@@ -127,8 +129,10 @@ def _edgetpu_lines(ops: list[dict]) -> list[str]:
             lines.append(f"{where}: unreadable: {op['error']}")
             continue
         early = any(e.get("layer_format") == "early" for e in op["executables"])
+        build = _compiler_build(op["compiler_version"])
         lines.append(f"{where}: {op['layout']} layout, min runtime version "
-                     f"{op['min_runtime_version']}, compiler {op['compiler_version'] or '-'}"
+                     f"{op['min_runtime_version']}"
+                     + (f", compiler build {build}" if build else "")
                      + (", early Layer tables (inputs read as 8-bit)" if early else ""))
         rows = [[_enum_cell(e["type"]), e["role"], size_str(e["parameters_bytes"]),
                  size_str(e["instruction_bytes"]), f"{e['caching_token']:#018x}",
@@ -140,6 +144,13 @@ def _edgetpu_lines(ops: list[dict]) -> list[str]:
         # Values outside coralrt's schema: kept as numbers, the rest is still shown.
         lines += [f"    warning: {u['message']}" for u in op.get("unknown_values", [])]
     return lines + [""]
+
+
+def _compiler_build(version: str) -> str:
+    """The package's compiler version string when it says something: edgetpu_compiler
+    writes "cl/" and its build's change number, or "cl/" alone (nothing to show)."""
+    version = (version or "").strip()
+    return "" if version.rstrip("/") in ("", "cl") else version
 
 
 def _enum_cell(value) -> str:
@@ -165,6 +176,9 @@ def format_report(r: dict) -> str:
     if r["edgetpu_compiled"]:
         n = r["operators"].get(EDGETPU_OP, 0)
         tpu = f"yes ({n} edgetpu-custom-op)"
+    elif r.get("compiled_by") == "coralrt":
+        tpu = ("no: compiled by coralrt for the simulated Edge TPU (runs with target='sim' "
+               "only; a stick needs edgetpu_compiler's output)")
     else:
         tpu = "no"
     custom = ", ".join(r["custom_ops"]) if r["custom_ops"] else "none"

@@ -4,8 +4,10 @@ The operator graph, top to bottom (:mod:`coralrt._cli.graph_layout`), each
 operator a box coloured by where it runs: one colour per Edge TPU segment,
 one for the CPU, one for operators a plugin's CPU kernel runs.  A CPU
 operator's reason is its box's tooltip (an SVG ``<title>``) and is also
-written beside the graph on the operator's row (shortened; in full in the
-table below), because paper has no hover.  Edges that carry a tensor
+written beside the graph on the operator's row (whole, wrapped over several
+lines), because paper has no hover.  A reason that names what failed is shown
+without edgetpu_compiler's status "...not mapped due to some unspecified
+limitation" in front (the status stays in the tooltip and in the JSON).  Edges that carry a tensor
 between the host and the Edge TPU (across USB) are drawn darker.
 
 The HTML page is self-contained XHTML (it parses as XML): inline SVG and CSS,
@@ -24,6 +26,7 @@ from html import escape
 from coralrt._cli._text import size_str, table
 from coralrt._cli.graph_layout import Layout, layout
 from coralrt._compile.partition import PartitionPlan, summary_lines
+from coralrt._compile.rules import UNSPECIFIED_LIMITATION
 from coralrt._model.types import Model
 
 __all__ = ["render_html", "render_svg", "segment_colour", "CPU_COLOUR", "PLUGIN_COLOUR"]
@@ -39,7 +42,7 @@ CHAR = 6.62           # width of one character of the 11 px monospace labels
 BOX_H = 24
 ROW_GAP = 26
 NOTE_LINE = 14
-NOTE_CHARS = 100      # a reason beside the graph is cut here (the table has it whole)
+NOTE_CHARS = 100      # a reason beside the graph wraps here
 LABEL_CHARS = 30
 PILL_CHARS = 22       # model input/output tensor names in the graph (the tooltip has them whole)
 PILL_CHAR = 6.02      # width of one character of their 10 px monospace
@@ -52,6 +55,15 @@ MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 def _x(text) -> str:
     """``text`` escaped for XML text and attribute values."""
     return escape(_NOT_XML.sub("\ufffd", str(text)), quote=True)
+
+
+def shown_reason(reason: str) -> str:
+    """``reason`` as the pictures show it: the detail alone when the reason is
+    edgetpu_compiler's "unspecified limitation" status followed by what the
+    limitation is; the status itself when it is all there is."""
+    head = UNSPECIFIED_LIMITATION + ": "
+    return reason[len(head):] if reason.startswith(head) and reason[len(head):].strip() \
+        else reason
 
 
 def _cut(text: str, n: int) -> str:
@@ -148,10 +160,12 @@ class _Picture:
         self.tops, y = [], 0.0
         for notes in self.notes:
             self.tops.append(y)
-            y += max(BOX_H + ROW_GAP, len(notes) * NOTE_LINE + 12)
+            lines = sum(len(self.note(ix, r)) for ix, r in notes)
+            y += max(BOX_H + ROW_GAP, lines * NOTE_LINE + 12)
         self.graph_h = y - ROW_GAP if self.tops else 0.0
         self.note_x = self.lay.width + 36
-        note_chars = max([len(self.note(ix, r)) for ns in self.notes for ix, r in ns] + [0])
+        note_chars = max([len(line) for ns in self.notes for ix, r in ns
+                          for line in self.note(ix, r)] + [0])
         self.graph_w = self.note_x + note_chars * 6.3 if note_chars else self.lay.width
 
     def tag(self, o) -> str:
@@ -162,10 +176,16 @@ class _Picture:
         o = self.plan.ops[i]
         if i in self.plugin:
             return f"runs with the CPU kernel of plugin {self.plugin[i]}; {o.reason}"
-        return o.reason
+        return shown_reason(o.reason)
 
-    def note(self, indices: list[int], reason: str) -> str:
-        return f"{_ranges(indices)}: {_cut(reason, NOTE_CHARS)}"
+    def status(self, i: int) -> str:
+        """The reason as the partitioner gives it (edgetpu_compiler's status first)."""
+        return self.plan.ops[i].reason
+
+    def note(self, indices: list[int], reason: str) -> list[str]:
+        """The lines written beside the graph for ``reason``: all of it, wrapped."""
+        return textwrap.wrap(f"{_ranges(indices)}: {reason}", NOTE_CHARS,
+                             subsequent_indent="  ", break_long_words=True)
 
     def colour(self, i: int) -> str:
         o = self.plan.ops[i]
@@ -297,7 +317,7 @@ class _Picture:
         notes_x = gx + self.note_x
         for li, notes in enumerate(self.notes):   # leaders first: boxes cover them
             for k, (indices, _) in enumerate(notes):
-                ny = gy + self.tops[li] + 4 + k * NOTE_LINE + NOTE_LINE / 2
+                ny = gy + self.tops[li] + 4 + self._note_row(li, k) * NOTE_LINE + NOTE_LINE / 2
                 for i in indices:
                     n = self.lay.nodes[("op", i)]
                     out.append(f'<line x1="{gx + n.x + n.width:.1f}" '
@@ -325,6 +345,8 @@ class _Picture:
             lines = [f"#{i} {o.opcode}: {self.placement_text(i)}"]
             if o.unit == "cpu":
                 lines.append(self.reason(i))
+                if self.status(i) != self.reason(i) and i not in self.plugin:
+                    lines.append(f"(edgetpu_compiler status: {self.status(i)})")
             lines += ["inputs: " + ", ".join(_tensor(self.model, t) for t in op.inputs
                                              if t >= 0 and not sg.tensors[t].is_constant),
                       "outputs: " + ", ".join(_tensor(self.model, t) for t in op.outputs
@@ -338,9 +360,16 @@ class _Picture:
                        f'text-anchor="end" fill="{colour}">{_x(self.tag(o))}</text></g>')
         for li, notes in enumerate(self.notes):
             for k, (indices, reason) in enumerate(notes):
-                ny = gy + self.tops[li] + 4 + k * NOTE_LINE + NOTE_LINE / 2 + 4
-                out.append(f'<text x="{notes_x:.1f}" y="{ny:.1f}" class="note">'
-                           f'<title>{_x(reason)}</title>{_x(self.note(indices, reason))}</text>')
+                row = self._note_row(li, k)
+                for j, line in enumerate(self.note(indices, reason)):
+                    ny = gy + self.tops[li] + 4 + (row + j) * NOTE_LINE + NOTE_LINE / 2 + 4
+                    out.append(f'<text x="{notes_x:.1f}" y="{ny:.1f}" class="note" '
+                               f'xml:space="preserve"><title>{_x(reason)}</title>'
+                               f'{_x(line)}</text>')
+
+    def _note_row(self, layer: int, k: int) -> int:
+        """The line on which note ``k`` of ``layer`` starts (earlier notes may wrap)."""
+        return sum(len(self.note(ix, r)) for ix, r in self.notes[layer][:k])
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -498,7 +527,7 @@ def render_html(model: Model, plan: PartitionPlan, name: str, *,
     if cpu:
         h.append("<table><tr><th>#</th><th>operator</th><th>runs on</th><th>reason</th></tr>")
         h += [f'<tr><td class="n">{i}</td><td class="code">{_x(opcode)}</td>'
-              f"<td>{_x(where)}</td><td>{_x(reason)}</td></tr>"
+              f'<td>{_x(where)}</td><td title="{_x(pic.status(i))}">{_x(reason)}</td></tr>'
               for i, opcode, where, reason in cpu]
         h.append("</table>")
     else:
@@ -510,6 +539,6 @@ def render_html(model: Model, plan: PartitionPlan, name: str, *,
         h.append(f'<tr><td class="n">{o.index}</td><td class="code">{_x(o.opcode)}</td>'
                  f'<td><span class="sw" style="background:{_tint(colour)};'
                  f'border-color:{colour}"></span>{_x(pic.placement_text(o.index))}</td>'
-                 f"<td>{_x(pic.reason(o.index))}</td></tr>")
+                 f'<td title="{_x(pic.status(o.index))}">{_x(pic.reason(o.index))}</td></tr>')
     h.append("</table></body></html>")
     return "\n".join(h) + "\n"

@@ -15,11 +15,24 @@ from pathlib import Path
 from coralrt import _config as config
 from coralrt._cli.run_cmd import count_type
 from coralrt._compile.remote import is_loopback
-from coralrt.errors import ConfigError
+from coralrt.errors import COMPILER_HELP, CompilerUnavailableError, ConfigError, CoralRTError
 
 __all__ = ["add_parser", "command", "read_token"]
 
 log = logging.getLogger("coralrt.cli")
+
+# The apt steps of the general advice, without its other ways to compile (one of them
+# is running this very service).
+INSTALL_STEPS = "\n".join(line for line in COMPILER_HELP.splitlines()[1:]
+                          if line.startswith("  ") and not line.startswith("  - "))
+
+
+class ServiceCompilerMissing(CompilerUnavailableError):
+    """edgetpu_compiler is missing where ``coralrt serve-compiler`` was started: the
+    message is only this command's remedy."""
+
+    def __init__(self, message: str):
+        CoralRTError.__init__(self, message)
 
 DEFAULT_PORT = 8765
 
@@ -135,8 +148,20 @@ def command(args) -> int:
     from coralrt._compile.cache import CompileCache
     from coralrt._compile.edgetpu_compiler import EdgeTpuCompiler
 
-    compiler = EdgeTpuCompiler(args.compiler, timeout=args.compile_timeout)
-    version = compiler.version      # CompilerUnavailableError / CompileError: said and exit 1
+    try:
+        compiler = EdgeTpuCompiler(args.compiler, timeout=args.compile_timeout)
+        version = compiler.version  # CompileError (a broken compiler): said, exit 1
+    except CompilerUnavailableError as e:
+        # The general advice offers a compile service: this command is one, so say
+        # only what it needs.
+        where = (f"--compiler {args.compiler}" if args.compiler else
+                 "edgetpu_compiler was not found on PATH and CORALRT_EDGETPU_COMPILER is not "
+                 "set")
+        raise ServiceCompilerMissing(
+            f"the compile service runs edgetpu_compiler, and here it is missing ({where}). "
+            f"Install it on this x86-64 Linux machine, then start the service again, or give "
+            f"the path of an edgetpu_compiler executable with --compiler PATH (or "
+            f"CORALRT_EDGETPU_COMPILER). To install it:\n{INSTALL_STEPS}") from e
     log.info("edgetpu_compiler %s at %s", version, compiler.path)
     cache = CompileCache(Path(args.cache_dir) if args.cache_dir
                          else config.cache_dir() / "service",

@@ -29,10 +29,16 @@ def top_indices(scores, top_k=None, threshold=-math.inf) -> list[int]:
 
 
 def classes_from_scores(scores, top_k=5, threshold=0.0, labels=None) -> list[Class]:
-    """:class:`Class` results of a flat score vector (real values)."""
+    """:class:`Class` results of a flat score vector (real values).
+
+    A class scoring exactly 0 is left out unless ``threshold`` is negative: a
+    quantized softmax gives 0 to every class it rules out, and such a class is
+    no answer (so fewer than ``top_k`` may come back).
+    """
     scores = np.asarray(scores).reshape(-1)
     return [Class(i, float(scores[i]), label_of(labels, i))
-            for i in top_indices(scores, top_k, threshold)]
+            for i in top_indices(scores, top_k, threshold)
+            if threshold < 0 or scores[i] != 0]
 
 
 def score_output(session, outputs: dict) -> np.ndarray:

@@ -28,7 +28,8 @@ from coralrt.vision._preprocess import Placement, run_image
 from coralrt.vision._results import BBox, Detection, box_iou
 
 __all__ = ["postprocess_outputs", "postprocess_order", "box_score_outputs", "nms",
-           "decode_postprocess", "decode_box_scores", "detections_from_outputs", "detect"]
+           "decode_postprocess", "decode_box_scores", "detections_from_outputs", "detect",
+           "raw_head_shape", "not_a_detector"]
 
 # Positions of (boxes, classes, scores, count) among the four outputs.
 TF1_ORDER = (0, 1, 2, 3)
@@ -81,6 +82,35 @@ def box_score_outputs(session) -> list[int] | None:
                 and shapes[s][:2] == shapes[b][:2]:
             return [b, s]
     return None
+
+
+def raw_head_shape(shape) -> tuple[int, int] | None:
+    """(values per anchor, anchors) when ``shape`` looks like an undecoded one-tensor
+    detection head ([1, 4 + C, N] or [1, N, 4 + C], N at least four times 4 + C, as
+    YOLO exports have it), else None."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 3 or shape[0] != 1:
+        return None
+    small, large = sorted(shape[1:])
+    return (small, large) if small >= 5 and large >= 4 * small else None
+
+
+def not_a_detector(infos) -> InputError:
+    """The error for outputs that are neither SSD-style layout; it says what they look
+    like when one is a one-tensor head (boxes and class scores per anchor, no
+    suppression in the model), which these helpers do not decode."""
+    shapes = [list(i.shape) for i in infos]
+    head = next((raw_head_shape(s) for s in shapes if raw_head_shape(s)), None)
+    hint = ""
+    if head is not None:
+        values, anchors = head
+        hint = (f"; the output of {values} values per {anchors} anchors looks like a YOLO-style "
+                f"head (4 box values and {values - 4} class score(s) per anchor, no "
+                f"suppression inside the model), which coralrt.vision does not decode: read "
+                f"it from session.run() yourself")
+    return InputError(f"not an SSD-style detection model: no TFLite_Detection_PostProcess "
+                      f"outputs and no boxes [1, N, 4] + scores [1, N, C] outputs (outputs "
+                      f"{shapes}){hint}")
 
 
 def _real(info, a) -> np.ndarray:
@@ -173,9 +203,7 @@ def detections_from_outputs(session, outputs: dict, placement: Placement,
         b, s = (_real(infos[k], arrays[k]) for k in pos)
         return decode_box_scores(b, s, placement, threshold, labels, iou_threshold,
                                  background)
-    raise InputError(f"not a detection model: no TFLite_Detection_PostProcess outputs and "
-                     f"no boxes [1, N, 4] + scores [1, N, C] outputs (outputs "
-                     f"{[list(i.shape) for i in infos]})")
+    raise not_a_detector(infos)
 
 
 def detect(session, image, threshold: float = 0.5, labels=None, *,

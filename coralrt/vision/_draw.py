@@ -57,7 +57,8 @@ def draw_detections(image, detections, width: int = 2):
 
 def draw_segmentation(image, seg: Segmentation, alpha: float = 0.5):
     """A PIL image of ``image`` with each non-background pixel (class != 0) blended
-    with its class colour: ``(1 - alpha) * pixel + alpha * colour``."""
+    with its class colour: ``(1 - alpha) * pixel + alpha * colour``, and a legend
+    top left: one line per class drawn, its colour and its label (or id)."""
     Image = require_pillow("drawing")
     pixels = as_rgb_array(image)
     if seg.mask.shape != pixels.shape[:2]:
@@ -66,7 +67,28 @@ def draw_segmentation(image, seg: Segmentation, alpha: float = 0.5):
     colors = palette()[np.clip(seg.mask, 0, 255)].astype(np.float64)
     blended = (1 - alpha) * pixels + alpha * colors
     out = np.where((seg.mask != 0)[..., None], np.rint(blended), pixels).astype(np.uint8)
-    return Image.fromarray(out)
+    im = Image.fromarray(out)
+    _legend(im, [(cid, label) for cid, label in zip(seg.classes, seg.labels) if cid != 0])
+    return im
+
+
+def _legend(im, classes) -> None:
+    """Class colour swatches with their names, one per line, top left of ``im``."""
+    if not classes:
+        return
+    from PIL import ImageDraw
+    d = ImageDraw.Draw(im)
+    colors = palette()
+    names = [label if label is not None else str(cid) for cid, label in classes]
+    line = max(d.textbbox((0, 0), n)[3] for n in names) + 4
+    width = max(d.textbbox((0, 0), n)[2] for n in names) + line + 8
+    d.rectangle((2, 2, 2 + width, 4 + line * len(names)), fill=(0, 0, 0))
+    for row, ((cid, _), name) in enumerate(zip(classes, names)):
+        y = 4 + row * line
+        d.rectangle((5, y + 1, 3 + line - 2, y + line - 3),
+                    fill=tuple(int(c) for c in colors[min(max(cid, 0), 255)]),
+                    outline=(255, 255, 255))
+        d.text((4 + line, y), name, fill=(255, 255, 255))
 
 
 def draw_keypoints(image, keypoints, min_score: float = 0.2, radius: int = 3):

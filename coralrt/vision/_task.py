@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from coralrt.errors import InputError
-from coralrt.vision._detect import box_score_outputs, postprocess_outputs
+from coralrt.vision._detect import (
+    box_score_outputs, not_a_detector, postprocess_outputs, raw_head_shape,
+)
 from coralrt.vision._pose import is_pose_output
 
 __all__ = ["TASKS", "guess_task"]
@@ -17,9 +19,14 @@ def guess_task(session) -> str:
     1. ``detect``: the four outputs of a ``TFLite_Detection_PostProcess``
        operator, or two outputs boxes [1, N, 4] + scores [1, N, C];
     2. ``pose``: an output of shape [1, 1, 17, 3] (MoveNet single-pose);
-    3. ``segment``: one output [1, H, W] or [1, H, W, C] with H, W > 1;
+    3. ``segment``: one output [1, H, W] or [1, H, W, C] with H, W > 1 whose
+       aspect ratio H / W is within a factor of 2 of the image input's (a mask
+       covers the image);
     4. ``classify``: one output holding more than one value in its last
        dimension only ([1, C] or [C]).
+
+    A one-tensor YOLO-style head ([1, 4 + C, N]) is none of these: the error
+    says so (:func:`~coralrt.vision._detect.not_a_detector`).
     """
     if postprocess_outputs(session) is not None or box_score_outputs(session) is not None:
         return "detect"
@@ -28,12 +35,25 @@ def guess_task(session) -> str:
         return "pose"
     if len(shapes) == 1:
         s = shapes[0]
-        if len(s) in (3, 4) and s[0] == 1 and s[1] > 1 and s[2] > 1:
+        if len(s) in (3, 4) and s[0] == 1 and s[1] > 1 and s[2] > 1 \
+                and _image_like(session, s[1], s[2]):
             return "segment"
         size = 1
         for d in s:
             size *= d
         if s and size > 1 and size == s[-1]:
             return "classify"
+    if any(raw_head_shape(s) for s in shapes):
+        raise not_a_detector(session.get_outputs())
     raise InputError(f"cannot tell the task from the model's outputs {[list(s) for s in shapes]}"
                      f"; name it (classify, detect, segment or pose)")
+
+
+def _image_like(session, height: int, width: int) -> bool:
+    """Whether a [height, width] map has about the aspect ratio of the model's image
+    input (within a factor of 2); True when the input is not one [1, H, W, C] image."""
+    inputs = [i.shape for i in session.get_inputs()]
+    if len(inputs) != 1 or len(inputs[0]) != 4 or min(inputs[0][1:3]) < 1:
+        return True
+    ratio = (height / width) / (inputs[0][1] / inputs[0][2])
+    return 0.5 <= ratio <= 2.0
