@@ -281,7 +281,7 @@ def prepare_coral(target: Target, source, o: Loading, parsed: Model | None = Non
         return _first_stick(o, target.device_kind)
 
     model = parsed or load_model(source)
-    if via is None and not model.is_edgetpu_compiled:
+    if via is None and compiled_by(model) is None:   # coralrt's own output: refused below
         _stick_before_compiler(o, target)
     if model.is_edgetpu_compiled:
         if via is not None:
