@@ -389,8 +389,11 @@ def test_run_not_an_npy_file(capsys, tmp_path):
     assert_one_line_error(err, "no.npy", "No such file")
 
 
-def test_run_unavailable_target(capsys):
-    # A plain model on a real stick needs edgetpu_compiler, which is not installed here.
+def test_run_unavailable_target(capsys, monkeypatch):
+    # A plain model on a real stick needs edgetpu_compiler, which is not installed here
+    # (a stick is said to be attached: without one, that is said first).
+    import coralrt._usb
+    monkeypatch.setattr(coralrt._usb, "list_devices", lambda *a, **k: [object()])
     code, _, err = cli(capsys, "run", shared_model(MOBILENET), "--target", "coral")
     assert code == 1
     lines = err.strip().splitlines()

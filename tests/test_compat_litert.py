@@ -134,3 +134,26 @@ def test_coralrts_libedgetpu_probe_is_never_redirected(monkeypatch):
     assert found.stage == "delegate", found
     assert found.version and "RuntimeVersion" in found.version    # Google's library answered
     assert "no Coral USB Accelerator found" not in found.message     # not coralrt's words
+
+
+def test_installing_and_removing_the_hook_keeps_one_litert_module():
+    # A second copy of LiteRT's module would not mix with the first (its OpResolverType
+    # members are other objects, which the first copy's Interpreter refuses).
+    import importlib
+    from coralrt import compat
+    from coralrt._backends.litert import _import_real
+    before = importlib.import_module("ai_edge_litert.interpreter")
+    assert _import_real("ai_edge_litert.interpreter") is before
+    compat.install()
+    try:
+        shim = importlib.import_module("ai_edge_litert.interpreter")
+        assert shim is not before and shim.OpResolverType is before.OpResolverType
+        assert _import_real("ai_edge_litert.interpreter") is before
+    finally:
+        compat.uninstall()
+    after = importlib.import_module("ai_edge_litert.interpreter")
+    assert after is before
+    import ai_edge_litert
+    assert ai_edge_litert.interpreter is before
+    after.Interpreter(model_path=str(shared_model(MODEL)),
+                      experimental_op_resolver_type=before.OpResolverType.BUILTIN_REF)

@@ -184,3 +184,11 @@ def test_open_simulated_sticks_gives_open_sticks_on_one_bus():
             s.close()
     with pytest.raises(ValueError):
         open_simulated_sticks(0)
+
+
+def test_simulated_steps_say_they_are_simulated():
+    # A step on the simulated stick is not "on usb:0", which names a real stick.
+    session = InferenceSession(shared_model("mobilenet_v1_0.25_128_quant.tflite"), target="sim")
+    session.run(random_inputs(session.get_inputs(), seed=1))
+    tpu = [row for row in session.profile() if row["kind"] == "tpu"]
+    assert tpu and all(row["label"].endswith("on simulated usb:0") for row in tpu), tpu

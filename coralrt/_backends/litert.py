@@ -87,6 +87,9 @@ def _without_compat_aliases(top: str):
             module = sys.modules.get(k)
             return module is not None and getattr(module, "__name__", k) != k
         aliases = {k: m for k, m in list(sys.modules.items()) if mine(k)}
+        for k, m in aliases.items():        # real modules under a mapped name: reused
+            if getattr(m, "__name__", k) == k and not _is_compat_placeholder(m):
+                _real_modules.setdefault(k, m)
         for _, f in finders:
             sys.meta_path.remove(f)
         for k in aliases:
@@ -108,13 +111,25 @@ def _without_compat_aliases(top: str):
                 sys.meta_path.insert(i, f)
 
 
+def _is_compat_placeholder(module) -> bool:
+    """A module coralrt.compat's finder is loading (it becomes an alias when done)."""
+    loader = getattr(getattr(module, "__spec__", None), "loader", None)
+    return bool(getattr(loader, "coralrt_compat", False))
+
+
 def _import_real(name: str) -> Any:
     """``importlib.import_module(name)`` of the installed package, never coralrt.compat's
-    stand-in for it."""
-    top = name.partition(".")[0]
-    with _without_compat_aliases(top) as imported:
-        module = importlib.import_module(name)
-    return imported.get(name, module)
+    stand-in for it; the same module object every time."""
+    with _REAL_LOCK:
+        known = _real_modules.get(name)
+        if known is not None:
+            return known
+        top = name.partition(".")[0]
+        with _without_compat_aliases(top) as imported:
+            module = importlib.import_module(name)
+        module = imported.get(name, module)
+        _real_modules[name] = module
+        return module
 
 
 class _NativeFailure(Exception):

@@ -51,6 +51,12 @@ class EdgeTpuDevice:
     kind = ""       # the device registry's kind: "coral", "sim", or a plugin's
     path = ""       # a stable name for the device ("sim:0", "usb:0" ...)
 
+    @property
+    def label(self) -> str:
+        """How step names and reports call the device: its path, and for a device
+        that is not a real stick, what it is (``simulated usb:0``)."""
+        return self.path
+
     def open(self) -> None:
         raise NotImplementedError
 

@@ -167,7 +167,7 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
         shapes = [sg.tensors[t].shape for t in op.outputs] if fmt.outputs_need_shapes else None
         # A view of the operator's options: no copy of the parameters.
         handle = device.load_as(op.custom_options, fmt.id, output_dtypes=dtypes)
-        steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.path}", [i],
+        steps.append(Step("tpu", f"tpu: segment {n_tpu} on {device.label}", [i],
                           list(op.inputs), list(op.outputs),
                           _tpu_runner(device, handle, shapes), device))
     flush()

@@ -45,7 +45,7 @@ class Stage:
 
     @property
     def label(self) -> str:
-        return f"stage {self.index} on {self.device.path if self.device is not None else 'cpu'}"
+        return f"stage {self.index} on {self.device.label if self.device is not None else 'cpu'}"
 
 
 def stages_of(steps: Sequence[Step]) -> list[Stage]:

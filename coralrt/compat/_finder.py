@@ -104,6 +104,10 @@ class CompatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 "ai_edge_litert.interpreter -> coralrt>")
 
 
+# Real modules install() took out of sys.modules, for uninstall() to put back.
+_set_aside: dict = {}
+
+
 def _finders() -> list:
     return [f for f in sys.meta_path if getattr(f, "coralrt_compat", False)]
 
@@ -130,6 +134,7 @@ def install() -> CompatFinder:
     for key in _mapped_entries():
         module = sys.modules.get(key)
         if getattr(module, "__name__", key) == key:     # a real module, not an alias
+            _set_aside.setdefault(key, module)
             del sys.modules[key]
     return finder
 
@@ -142,3 +147,12 @@ def uninstall() -> None:
         module = sys.modules.get(key)
         if getattr(module, "__name__", key) != key:     # an alias of a coralrt module
             del sys.modules[key]
+    # The real modules install() took out come back, so that the next import gets the
+    # same module objects as before (a second copy of a native package would not mix
+    # with the first: its enums and classes would be other objects).
+    for key, module in _set_aside.items():
+        sys.modules.setdefault(key, module)
+        parent, _, child = key.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, sys.modules[key])
+    _set_aside.clear()

@@ -18,6 +18,10 @@ class SimulatedStick(UsbEdgeTpu):
 
     kind = "sim"
 
+    @property
+    def label(self) -> str:
+        return f"simulated {self.path}"
+
 
 def simulated_stick(kernels: dict | None = None, *, usb: str = "usb3") -> UsbEdgeTpu:
     """An unopened simulated Coral USB Accelerator behind :class:`UsbEdgeTpu`.
