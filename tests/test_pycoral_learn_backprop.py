@@ -20,7 +20,7 @@ from coralrt._compile.partition import partition
 from coralrt._model import load_model
 from coralrt.pycoral.learn.backprop.softmax_regression import SoftmaxRegression
 from coralrt.testing import ModelBuilder
-from tests.support.learn_models import embedding_extractor
+from tests.support.learn_models import embedding_extractor, run_dequantized
 
 TARGETS = [pytest.param("cpu", {"backend": "litert"}, id="cpu-litert"),
            pytest.param("cpu", {"backend": "numpy"}, id="cpu-numpy"),
@@ -64,12 +64,7 @@ def trained(dim=16, classes=4, seed=3):
     return model, x, y
 
 
-def run(model: bytes, target: str, kw: dict, q: np.ndarray) -> np.ndarray:
-    with InferenceSession(model, target=target, **kw) as s:
-        out = s.get_outputs()[0]
-        r = s.run(q)[out.name]
-    scale, zp = out.quantization
-    return (scale * (r.astype(np.float64) - zp)).reshape(-1)
+run = run_dequantized
 
 
 def test_training_separates_separable_data_like_a_float_reference():

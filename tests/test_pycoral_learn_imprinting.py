@@ -14,13 +14,12 @@ import pytest
 from conftest import shared_image, shared_model
 from PIL import Image
 
-from coralrt import InferenceSession
 from coralrt.errors import ModelError, TrainingError
 from coralrt._compile.partition import partition
 from coralrt._model import load_model
 from coralrt.pycoral.learn.imprinting.engine import ImprintingEngine
 from coralrt.testing import ModelBuilder
-from tests.support.learn_models import (
+from tests.support.learn_models import (run_dequantized, 
     classifier_rows, embedding_extractor, imprinting_model,
 )
 
@@ -43,13 +42,7 @@ def base(tmp_path_factory):
     return path, rows, images
 
 
-def run(model: bytes, target: str, kw: dict, x: np.ndarray) -> np.ndarray:
-    """The model's one output for ``x``, dequantized and flattened."""
-    with InferenceSession(model, target=target, **kw) as s:
-        out = s.get_outputs()[0]
-        q = s.run(x)[out.name]
-    scale, zp = out.quantization
-    return (scale * (q.astype(np.float64) - zp)).reshape(-1)
+run = run_dequantized
 
 
 def float_scores(class_sums: np.ndarray, embedding: np.ndarray) -> np.ndarray:

@@ -91,3 +91,13 @@ def imprinting_model(extractor: Model, class_rows: np.ndarray, scale_factor: flo
     main = dataclasses.replace(sg, tensors=tensors, operators=ops, outputs=[probs])
     return dataclasses.replace(extractor, subgraphs=[main], buffers=[], source=None,
                                description="coralrt imprinting test model")
+
+
+def run_dequantized(model: bytes, target: str, kw: dict, x: np.ndarray) -> np.ndarray:
+    """The model's one output for ``x`` on ``target``, dequantized and flattened."""
+    from coralrt import InferenceSession
+    with InferenceSession(model, target=target, **kw) as s:
+        out = s.get_outputs()[0]
+        q = s.run(x)[out.name]
+    scale, zp = out.quantization
+    return (scale * (q.astype(np.float64) - zp)).reshape(-1)
