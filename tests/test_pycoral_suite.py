@@ -153,6 +153,25 @@ def test_exceptions_in_a_tests_threads_are_not_hidden(tmp_path):
     assert _verdicts(text, tmp_path, stand_in_module=True)["test_two"].status == oc.DIFFERS
 
 
+def test_two_threads_printing_at_once_still_name_both_absent_files(tmp_path):
+    """Two threads' tracebacks written together can share a line, and echo the
+    source line that raised (with a ``{...}`` f-string in it)."""
+    a, b = tmp_path / "a_edgetpu.tflite", tmp_path / "b_edgetpu.tflite"
+    text = textwrap.dedent(f"""\
+        test_two (tests.m_test.C.test_two) ... Exception in thread Thread-1 (one):
+        Traceback (most recent call last):
+            Exception in thread Thread-2 (two):
+          File "/p/x.py", line 130, in __init__
+        ValueErrorraise ValueError(f"Could not open '{{os.fspath(path)}}'.")
+        ValueError: : Could not open '{a}'.Could not open '{b}'.
+
+        ok
+        """)
+    (v,) = _verdicts(text, tmp_path).values()
+    assert v.status == oc.MISSING
+    assert v.missing == [a, b]
+
+
 # -- which errors are "missing data" ------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Unit", "Test", "Parsed", "Verdict", "parse", "final_exception", "missing_file", "classify",
+__all__ = ["Unit", "Test", "Parsed", "Verdict", "parse", "final_exception", "missing_file",
+           "missing_files", "classify",
            "PASSED", "FAILED", "MISSING", "SKIPPED", "DIFFERS", "STATUSES"]
 
 PASSED, FAILED, MISSING, SKIPPED, DIFFERS = (
@@ -163,27 +164,31 @@ _MISSING_PATTERNS = (
 )
 
 
-def missing_file(exception: str, data_dir: Path) -> Path | None:
-    """The absent file, under ``data_dir``, that ``exception`` (the final exception
-    of a traceback) says could not be opened; ``None`` when it says anything else.
-    A relative path is taken from ``data_dir``, the runs' working folder."""
+def missing_files(exception: str, data_dir: Path) -> list[Path]:
+    """The absent files, under ``data_dir``, that ``exception`` (the final exception
+    of a traceback) says could not be opened; none when it says anything else.
+    A relative path is taken from ``data_dir``, the runs' working folder.  (Two
+    threads' exceptions printed at once can share a line: every path counts.)"""
     first = exception.splitlines()[0] if exception else ""
     if first.startswith("AssertionError") and ' does not match "' in first:
         exception = first.split(' does not match "', 1)[1]   # assertRaisesRegex: what was raised
     elif first.startswith(("AssertionError", "unittest.")):
-        return None                 # the test's own check failed, whatever it quotes
-    root = Path(data_dir).absolute()
+        return []                   # the test's own check failed, whatever it quotes
+    root, found = Path(data_dir).absolute(), []
     for pattern in _MISSING_PATTERNS:
         for m in pattern.finditer(exception):
+            if "{" in m["path"]:
+                continue            # source code echoed in a traceback, not a path
             path = Path(m["path"].rstrip(".,;"))
             path = path if path.is_absolute() else root / path
-            try:
-                path.relative_to(root)
-            except ValueError:
-                continue
-            if not path.exists():
-                return path
-    return None
+            if path.is_relative_to(root) and not path.exists() and path not in found:
+                found.append(path)
+    return found
+
+
+def missing_file(exception: str, data_dir: Path) -> Path | None:
+    """The first of :func:`missing_files`, or ``None``."""
+    return next(iter(missing_files(exception, data_dir)), None)
 
 
 # An exception's last line, as threading's excepthook prints it.
@@ -216,9 +221,9 @@ def classify(test: Test, data_dir: Path, *, stand_in_module: bool = False) -> Ve
     found, missing, details = set(), [], []
 
     def judge(sub: str, exc: str, shown: str, from_runner: bool = True) -> None:
-        absent = missing_file(exc, data_dir) if from_runner else None
-        if absent is not None:
-            missing.append(absent)
+        absent = missing_files(exc, data_dir) if from_runner else []
+        if absent:
+            missing.extend(absent)
             found.add(MISSING)
         else:
             found.add(DIFFERS if stand_in_module and _value_check(exc) else FAILED)

@@ -171,7 +171,7 @@ def _total(results: list[Result]) -> Result:
 
 
 def _short(text: str, lines: int = 12) -> str:
-    rows = [ln[:240] for ln in text.splitlines()]
+    rows = [ln[:600] for ln in text.splitlines()]
     return "\n".join(rows[:lines] + ([f"[{len(rows) - lines} more lines]"] if len(rows) > lines
                                      else []))
 
