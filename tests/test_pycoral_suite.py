@@ -408,6 +408,19 @@ def test_a_stand_in_source_without_an_input_named_input_is_not_used(tmp_path):
     assert "inputs ['image']" in overlay.not_made["inception_v3_299_quant_edgetpu.tflite"]
 
 
+def test_a_module_opens_a_stand_in_by_name_or_by_format_string():
+    source = textwrap.dedent("""\
+        def model(depth, size):
+          return 'mobilenet_v1_%s_%d_quant_edgetpu.tflite' % (depth, size)
+        SEGMENTS = ['pipeline/net_segment_0_of_2_edgetpu.tflite']
+        """)
+    opens = pycoral_suite._opens
+    assert opens(source, "mobilenet_v1_1.0_224_quant_edgetpu.tflite")
+    assert opens(source, "pipeline/net_segment_0_of_2_edgetpu.tflite")
+    assert not opens(source, "mobilenet_v2_1.0_224_quant_edgetpu.tflite")
+    assert not opens(source, "ssd_mobilenet_v1_coco_quant_postprocess_edgetpu.tflite")
+
+
 # -- skipping without the folders ----------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,6 +209,20 @@ def _examples_report(results: list[Result]) -> None:
         print(f"  {r.name:<{width}}  {r.status:<16}  {r.seconds:>6.1f} s  {_short(r.note, 6)}")
 
 
+def _opens(source: str, name: str) -> bool:
+    """Whether a test module's ``source`` names the file ``name``: literally, or by a
+    %-format string such as ``'mobilenet_v1_%s_%d_quant_edgetpu.tflite'``."""
+    if name in source:
+        return True
+    for literal in re.findall(r"'([^'\n]*%[sd][^'\n]*)'|\"([^\"\n]*%[sd][^\"\n]*)\"", source):
+        text = literal[0] or literal[1]
+        pattern = "".join(r"\d+" if part == "%d" else r"[^/]+?" if part == "%s" else re.escape(part)
+                          for part in re.split(r"(%[sd])", text))
+        if re.fullmatch(pattern, name) or re.fullmatch(pattern, Path(name).name):
+            return True
+    return False
+
+
 def run_pass(args, pycoral: Path, data: Path, work: Path, overlay=None) -> bool:
     """One pass over the modules and examples; True when something failed."""
     label = "with stand-ins" if overlay is not None else "on the test data"
@@ -216,7 +231,7 @@ def run_pass(args, pycoral: Path, data: Path, work: Path, overlay=None) -> bool:
         if args.only and name not in args.only:
             continue
         source = (pycoral / "tests" / f"{name}_test.py").read_text(errors="replace")
-        used = [s for s in overlay.made if s in source] if overlay is not None else []
+        used = [s for s in overlay.made if _opens(source, s)] if overlay is not None else []
         if overlay is None or used:
             modules.append((name, used))
     chosen = [e for e in ex.EXAMPLES if not args.only or e.name in args.only]
