@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test test-nolitert collect-noshared bench fuzz soak clean
+.PHONY: $(VENV) venv demo test test-nolitert collect-noshared bench fuzz soak clean pycoral-suite
 
 venv: $(STAMP)
 
@@ -70,3 +70,18 @@ clean:
 # RNG; prints the counts.  `make test` runs a short one.
 soak: $(STAMP)
 	CORALRT_SOAK=1 $(VPY) -m pytest -s -q tests/test_soak.py
+
+# Google's pycoral unit tests and examples, unchanged, on the simulated Edge TPU
+# (tools/pycoral_suite.py; docs/porting.md, "Running pycoral's own tests and
+# examples"). CORALRT_PYCORAL_DIR names a pycoral checkout, CORALRT_CORAL_TEST_DATA
+# Coral's test_data folder; without both the target says so and does nothing.
+# PYCORAL_SUITE_ARGS passes options: --stand-ins, --only NAME, --timeout S.
+PYCORAL_SUITE_ARGS ?=
+pycoral-suite:
+	@if [ -z "$$CORALRT_PYCORAL_DIR" ] || [ -z "$$CORALRT_CORAL_TEST_DATA" ]; then \
+		echo "pycoral-suite skipped: set CORALRT_PYCORAL_DIR (a checkout of google-coral/pycoral)" \
+		     "and CORALRT_CORAL_TEST_DATA (Coral's test_data folder)"; \
+	else \
+		$(MAKE) -s --no-print-directory $(STAMP) && \
+		$(VPY) tools/pycoral_suite.py $(PYCORAL_SUITE_ARGS); \
+	fi
