@@ -259,3 +259,23 @@ def test_a_segment_that_was_not_allocated_fails_in_pycorals_words(monkeypatch):
         runner.push({d["name"]: np.zeros(d["shape"], np.uint8)})
     with pytest.raises(ValueError, match=r"Interpreter [\d]+ can not get its input tensors"):
         PipelinedModelRunner(segs[::-1])
+
+
+def test_pycoral_run_inference_runs_while_an_output_array_is_held(monkeypatch):
+    # pycoral's run_inference calls the native interpreter, which does not check for
+    # arrays from tensor(); an array held meanwhile sees the new outputs.
+    monkeypatch.setenv("CORALRT_TARGET", "sim")
+    it = edgetpu.make_interpreter(str(shared_model(MODEL)))
+    it.allocate_tensors()
+    out = it.get_output_details()[0]["index"]
+    frames = [np.random.default_rng(i).integers(0, 256, 128 * 128 * 3, dtype=np.uint8)
+              for i in range(2)]
+    edgetpu.run_inference(it, frames[0])
+    held = it.tensor(out)()
+    first = held.copy()
+    edgetpu.run_inference(it, frames[1].tobytes())
+    second = it.get_tensor(out)
+    np.testing.assert_array_equal(held, second)
+    assert not np.array_equal(first, second)
+    with pytest.raises(RuntimeError, match="still referenced"):
+        it.invoke()                                  # tflite_runtime's own invoke() refuses

@@ -359,12 +359,24 @@ class Interpreter:
     def invoke(self) -> None:
         """Run the model on the inputs set; outputs land in the output arrays."""
         self._ensure_safe()
+        self._invoke()
+
+    def _invoke(self) -> None:
+        # Without the check for arrays from tensor(): pycoral's invoke helpers run the
+        # native interpreter directly, which has none, and the buffers stay the same
+        # (no resize here), so an array held meanwhile sees the new outputs.
         if self._buffers is None:
             raise RuntimeError(_NOT_READY)
         results = self._run([self._buffers[i] for i in self._main.inputs])
+        changed = [i for i, value in zip(self._main.outputs, results.values())
+                   if self._buffers[i].shape != value.shape
+                   or self._buffers[i].dtype != value.dtype]
+        if changed:
+            # A held array would go on showing the old output: refuse, as invoke() does.
+            self._ensure_safe()
         for i, value in zip(self._main.outputs, results.values()):
             buf = self._buffers[i]
-            if buf.shape != value.shape or buf.dtype != value.dtype:
+            if i in changed:
                 self._buffers[i] = np.array(value)
                 self._shapes[i] = value.shape
             else:
@@ -389,7 +401,7 @@ class Interpreter:
         if view.nbytes < nbytes:
             raise RuntimeError(f"input size={view.nbytes}, expected={nbytes}.")
         self.set_tensor(i, np.frombuffer(view[:nbytes], dtype).reshape(shape))
-        self.invoke()
+        self._invoke()
 
     def _is_ready(self) -> bool:
         """Whether ``allocate_tensors()`` has prepared the interpreter to run."""

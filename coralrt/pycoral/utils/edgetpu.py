@@ -117,13 +117,18 @@ def run_inference(interpreter, input_data) -> None:
     ``input_data``: ``bytes``, a NumPy array (its raw bytes), a
     ``(ctypes.c_void_p, size)`` pair or a ``Gst.Buffer``, holding at least as
     many bytes as input 0 (extra bytes are ignored).  Outputs are read as
-    usual afterwards.
+    usual afterwards.  As with pycoral, arrays from ``interpreter.tensor(i)()``
+    may be held meanwhile: they see the new outputs (``invoke()`` itself
+    refuses to run while one is held, as tflite_runtime's does).
     """
     details = interpreter.get_input_details()[0]
     dtype = np.dtype(details["dtype"])
     shape = tuple(int(d) for d in details["shape"])
     expected = int(np.prod(shape)) * dtype.itemsize
     data = _input_bytes(input_data, expected)
+    if hasattr(interpreter, "_invoke_with_bytes"):     # coralrt's: as pycoral's native call
+        interpreter._invoke_with_bytes(data)
+        return
     interpreter.set_tensor(details["index"], np.frombuffer(data, dtype).reshape(shape))
     interpreter.invoke()
 
