@@ -240,3 +240,30 @@ def test_extractors_that_cannot_take_the_layer_are_model_errors(tmp_path):
     twice.write_bytes(two.to_bytes())
     with pytest.raises(ModelError, match="one and only one output"):
         model.serialize_model(twice)
+
+
+def test_a_layer_on_a_compiled_model_carries_its_plain_twin(tmp_path):
+    # pycoral's backprop example appends the layer to an edgetpu_compiler extractor. A
+    # stick runs that file; cpu and sim run the same layer on the plain model, which the
+    # file carries (edgetpu_compiler's MobileNet v1 0.25 and its plain model, ../shared).
+    import shutil
+    from coralrt._model.compiled import compiled_by, plain_twin
+    compiled = tmp_path / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"
+    shutil.copy(shared_model("edgetpu/mobilenet_v1_0.25_128_quant_edgetpu.tflite"), compiled)
+    plain = shared_model("mobilenet_v1_0.25_128_quant.tflite")
+    x, y = clusters(30, 1001, 3, seed=5, spread=0.3)
+    np.random.seed(5)
+    model = SoftmaxRegression(1001, 3, weight_scale=0.01)
+    model.train_with_sgd({"data_train": x, "labels_train": y, "data_val": x,
+                          "labels_val": y}, num_iter=20, learning_rate=0.01, print_every=0)
+    with pytest.raises(ModelError, match="compiled by edgetpu_compiler"):   # no plain: no twin
+        InferenceSession(model.serialize_model(str(compiled)), target="sim")
+    shutil.copy(plain, tmp_path / plain.name)
+    out = tmp_path / "retrained_model_edgetpu.tflite"             # alone: no plain beside it
+    out.write_bytes(model.serialize_model(str(compiled)))
+    written = load_model(out)
+    assert compiled_by(written) == "edgetpu_compiler" and plain_twin(written) is not None
+    frame = np.random.default_rng(1).integers(0, 256, (1, 128, 128, 3), dtype=np.uint8)
+    want = run(model.serialize_model(str(tmp_path / plain.name)), "sim", {}, frame)
+    for target in ("sim", "cpu"):
+        np.testing.assert_array_equal(run(out.read_bytes(), target, {}, frame), want)

@@ -11,6 +11,12 @@ or in the folders of ``CORALRT_PLAIN_MODELS``.  A compiled model given as bytes
 is recognised by content: an ``X_edgetpu.tflite`` of the same bytes in one of
 those folders names its plain model (only files of the same size are read).
 
+A compiled model that coralrt itself extended (``coralrt.pycoral.learn``
+appending a trained layer to a compiled embedding extractor) carries its plain
+twin, the same layers on the plain extractor, as the metadata entry
+:data:`PLAIN_TWIN`; the host runs that twin when no plain file is found
+(:func:`host_model`).  A stick ignores the entry.
+
 Every refusal of a compiled model is worded here, so the CLI, the compiler
 and the session targets say the same thing.
 """
@@ -20,12 +26,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from coralrt import _config as config
 from coralrt.errors import ModelError
 from coralrt._formats.opnames import DWN1, SEGMENT
+from coralrt._model.types import Buffer, Metadata
 
 __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
-           "refuse_compiled"]
+           "refuse_compiled", "PLAIN_TWIN", "plain_twin", "with_plain_twin", "host_model"]
+
+#: The metadata entry of a compiled model holding its plain twin (a whole .tflite).
+PLAIN_TWIN = "coralrt_plain_twin"
 
 _SUFFIX = "_edgetpu.tflite"
 
@@ -90,6 +102,30 @@ def plain_sibling(source) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def plain_twin(model) -> bytes | None:
+    """The plain twin a compiled ``model`` carries (:data:`PLAIN_TWIN`), or None."""
+    for entry in model.metadata:
+        if entry.name == PLAIN_TWIN and entry.buffer.nbytes:
+            return entry.buffer.data.tobytes()
+    return None
+
+
+def with_plain_twin(compiled, plain):
+    """``compiled`` (changed in place, and returned) carrying ``plain`` as its twin."""
+    data = np.frombuffer(plain.to_bytes(), np.uint8)
+    compiled.metadata = [m for m in compiled.metadata if m.name != PLAIN_TWIN] + \
+        [Metadata(PLAIN_TWIN, Buffer(data))]
+    return compiled
+
+
+def host_model(source, model):
+    """What the host runs in place of the edgetpu_compiler output ``model`` (read
+    from ``source``): its plain file (:func:`plain_sibling`), else the plain twin
+    it carries (bytes), else None."""
+    path = plain_sibling(source)
+    return path if path is not None else plain_twin(model)
 
 
 def _looked_at(source) -> str:

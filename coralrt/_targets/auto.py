@@ -15,7 +15,7 @@ import logging
 from coralrt import _config as config
 from coralrt.errors import ConfigError, ModelError
 from coralrt._model import Model, load_model
-from coralrt._model.compiled import compiled_by, not_on_host, plain_sibling
+from coralrt._model.compiled import compiled_by, host_model, not_on_host
 from coralrt._targets.prepare import Loading, cached_for_coral, usb_compiler
 from coralrt._targets.registry import Probe, Target, auto_order, reaches_stick
 
@@ -67,7 +67,7 @@ def probe_coral(target: Target, source, o: Loading, parsed: Model | None = None)
         sticks, why = [], f"cannot list USB devices: {e}"
     model = parsed or load_model(source)
     if not sticks:
-        if compiled_by(model) == "edgetpu_compiler" and plain_sibling(source) is None:
+        if compiled_by(model) == "edgetpu_compiler" and host_model(source, model) is None:
             raise ModelError(not_on_host(model, source, no_stick=True))
         return Probe(False, model, why)
     if not model.is_edgetpu_compiled and usb_compiler(o) is None \

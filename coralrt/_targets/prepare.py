@@ -23,7 +23,7 @@ from coralrt import _config as config
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt._model import Model, load_model
 from coralrt._formats.opnames import DWN1
-from coralrt._model.compiled import compiled_by, expected_plain, not_on_host, plain_sibling
+from coralrt._model.compiled import compiled_by, expected_plain, host_model, not_on_host
 from coralrt._model.fixups import with_explicit_biases
 from coralrt.plugins._host import PluginHost
 from coralrt._runtime.device import EdgeTpuDevice
@@ -91,13 +91,14 @@ def _host_runnable(source, model: Model, target: str):
     by = compiled_by(model)
     if by is None or (by == "coralrt" and target == "sim"):
         return source, model
-    plain = plain_sibling(source) if by == "edgetpu_compiler" else None
+    plain = host_model(source, model) if by == "edgetpu_compiler" else None
     if plain is None:
         raise ModelError(not_on_host(model, source))
     named = "the model given as bytes" if isinstance(source, (bytes, bytearray, memoryview)) \
         else source
     log.warning("%s was compiled by edgetpu_compiler and runs only on a Coral USB "
-                "Accelerator; running its plain model, %s, on target '%s'", named, plain, target)
+                "Accelerator; running its plain model, %s, on target '%s'", named,
+                "the plain twin it carries" if isinstance(plain, bytes) else plain, target)
     return plain, load_model(plain)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from coralrt.errors import ModelError
 from coralrt._model import Model, Quantization, Tensor, load_model
+from coralrt._model.compiled import compiled_by, host_model, with_plain_twin
 from coralrt._model.types import tensor_type
 from coralrt._tensors import dequantize, quantize
 
@@ -49,6 +50,22 @@ def read_model(model_path) -> Model:
         raise ModelError(f"Failed to open file: {path} ({why}); pass the path of a "
                          f".tflite model")
     return load_model(path)
+
+
+def plain_of(model_path, model: Model) -> Model | None:
+    """The plain model of an edgetpu_compiler output read from ``model_path`` (its
+    plain file, or the twin it carries), or None: for a plain model, or when none is
+    found.  Layers appended to a compiled model are appended to this one too, and
+    the result carries it as its twin, so that ``cpu`` and ``sim`` run it."""
+    if compiled_by(model) != "edgetpu_compiler":
+        return None
+    plain = host_model(model_path, model)
+    return None if plain is None else load_model(plain)
+
+
+def serialized(model: Model, twin: Model | None) -> bytes:
+    """``model`` as bytes, carrying ``twin`` (its plain form) when there is one."""
+    return (with_plain_twin(model, twin) if twin is not None else model).to_bytes()
 
 
 def _qrange(dtype) -> tuple[int, int]:

@@ -162,8 +162,12 @@ class SoftmaxRegression:
         training and validation data (before any training: a bound from the
         weights and the extractor's output range)."""
         model = _graph.read_model(in_model_path)
-        return _append_layer(model, self.weights.T, self.biases, self._logit_range(model),
-                             self.feature_dim).to_bytes()
+        plain = _graph.plain_of(in_model_path, model)
+        logits = self._logit_range(model)
+        twin = None if plain is None else \
+            _append_layer(plain, self.weights.T, self.biases, logits, self.feature_dim)
+        return _graph.serialized(_append_layer(model, self.weights.T, self.biases, logits,
+                                               self.feature_dim), twin)
 
     def _logit_range(self, model: Model) -> tuple[float, float]:
         seen = [m for m in self._seen if len(m)]

@@ -139,6 +139,9 @@ class ImprintingEngine:
         classes (new ones are added after them) instead of starting with none."""
         self._model = _graph.read_model(model_path)
         self._layout = _find_layout(self._model)
+        # A compiled base model: the same work on its plain model, carried as the twin.
+        self._plain = _graph.plain_of(model_path, self._model)
+        self._plain_layout = None if self._plain is None else _find_layout(self._plain)
         self._weights: list[np.ndarray] = []     # per class: the sum of its embeddings
         self._trainable: list[bool] = []
         if keep_classes:
@@ -166,7 +169,9 @@ class ImprintingEngine:
 
     def serialize_extractor_model(self) -> bytes:
         """The embedding extractor (the model up to the L2 normalization) as ``bytes``."""
-        return self._model.extract(range(self._layout.l2norm + 1)).to_bytes()
+        twin = None if self._plain is None else \
+            self._plain.extract(range(self._plain_layout.l2norm + 1))
+        return _graph.serialized(self._model.extract(range(self._layout.l2norm + 1)), twin)
 
     def serialize_model(self) -> bytes:
         """The model with the current classes as ``bytes``; TrainingError before any."""
@@ -174,8 +179,11 @@ class ImprintingEngine:
             raise TrainingError("Model is not trained: call train() with at least one "
                                 "embedding first (or keep_classes=True on a model that "
                                 "has classes)")
-        return _imprinted(self._model, self._layout, np.stack(self._weights),
-                          self._trainable).to_bytes()
+        sums = np.stack(self._weights)
+        twin = None if self._plain is None else \
+            _imprinted(self._plain, self._plain_layout, sums, self._trainable)
+        return _graph.serialized(_imprinted(self._model, self._layout, sums, self._trainable),
+                                 twin)
 
     def train(self, embedding, class_id) -> None:
         """Add ``embedding`` (the extractor's output, ``embedding_dim`` values) to class
