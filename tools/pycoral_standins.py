@@ -62,6 +62,19 @@ def _whole(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _imprinting(path: Path) -> bytes:
+    # The L2-norm imprinting layout (L2_NORMALIZATION, a 1x1 CONV_2D of class rows, MUL,
+    # RESHAPE, SOFTMAX) on Coral's own MobileNet v1 embedding extractor, with 1001
+    # random (seeded) base classes.  The MUL factor of Coral's model is not known here;
+    # 32 is what the test's score thresholds need, so a pass says nothing of Coral's.
+    import numpy as np
+    from tests.support.learn_models import imprinting_model
+    extractor = load_model(path)
+    dim = extractor.main.tensors[extractor.main.outputs[0]].shape[-1]
+    rows = np.random.default_rng(0).standard_normal((1001, dim))
+    return imprinting_model(extractor, rows, 32.0).to_bytes()
+
+
 STAND_INS = (
     StandIn("pipeline/inception_v3_299_quant_segment_0_of_2_edgetpu.tflite", _PIPELINE_SOURCES,
             "the first half of the source's operators (coralrt._model.extract), plain",
@@ -72,6 +85,13 @@ STAND_INS = (
             "the whole source model (the two segments' reference), plain", _whole),
     StandIn("mobilenet_v1_1.0_224_quant_edgetpu.tflite",
             ("mobilenet_v2_1.0_224_quant.tflite",),
+            "a copy: another uint8 224x224x3 ImageNet classifier (1001 classes), plain"),
+    StandIn("mobilenet_v1_1.0_224_l2norm_quant.tflite",
+            ("mobilenet_v1_1.0_224_quant_embedding_extractor.tflite",),
+            "Coral's MobileNet v1 embedding extractor with the L2-norm imprinting layers "
+            "appended (1001 random base classes, MUL factor 32: Coral's factor is unknown "
+            "here), plain", _imprinting),
+    StandIn("mobilenet_v1_1.0_224_quant.tflite", ("mobilenet_v2_1.0_224_quant.tflite",),
             "a copy: another uint8 224x224x3 ImageNet classifier (1001 classes), plain"),
     StandIn("ssd_mobilenet_v1_coco_quant_postprocess_edgetpu.tflite",
             ("detect/coco_ssd_mobilenet_v1_1.0_quant_2018_06_29.tflite",),
