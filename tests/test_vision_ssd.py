@@ -3,8 +3,8 @@
 The yardstick is LiteRT itself on the same input tensor: ``cpu`` must give
 its default kernels' outputs, ``sim`` (the simulated Edge TPU, whose integer
 arithmetic follows the reference kernels) the reference kernels' outputs, bit
-for bit; the detections are then the decoding of those outputs.  The YOLO-style
-detector of the shared models must give a clear error, not a wrong task.
+for bit; the detections are then the decoding of those outputs (the YOLO detector:
+tests/test_vision_yolo_real.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from conftest import run_litert, shared_image, shared_model
 
 from coralrt import InferenceSession, vision
 from coralrt._cli.main import main
-from coralrt.errors import InputError
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow decodes the test images (dev extra)")
 
 SSD = "detect/coco_ssd_mobilenet_v1_1.0_quant_2018_06_29.tflite"
-YOLO = "detect/yolov8n_192.tflite"
 KITES = "kite_and_cold.jpg"
 COCO_PERSON, COCO_KITE = 0, 37
 
@@ -91,21 +89,3 @@ def test_run_image_detect_save_draws_the_boxes(capsys, tmp_path):
         assert changed[ymin:ymax + 1, xmin].mean() > 0.8, d
     assert changed.mean() < 0.1                     # outlines, not filled boxes
     assert r["estimate_ms"]["edgetpu"] > 0          # sim: the estimated Edge TPU time
-
-
-def test_yolo_head_is_named_not_guessed(capsys):
-    """A one-tensor YOLO-style head is not decoded: a clear error, never a
-    'segmentation' of its [1, 5, 756] output."""
-    sess = InferenceSession(shared_model(YOLO), target="cpu")
-    with pytest.raises(InputError, match=r"YOLO-style head \(4 box values and 1 class "):
-        vision.guess_task(sess)
-    with pytest.raises(InputError, match="not an SSD-style detection model"):
-        vision.detect(sess, shared_image(KITES))
-    for task in ("auto", "detect"):
-        code = main(["run", str(shared_model(YOLO)), "--target", "sim", "--image",
-                     str(shared_image(KITES)), "--task", task])
-        out, err = capsys.readouterr()
-        assert code == 1 and out == "" and "Traceback" not in err
-        assert "756 anchors looks like a YOLO-style head" in err
-    assert main(["run", str(shared_model(YOLO)), "--target", "sim", "--repeat", "1"]) == 0
-    assert "1x5x756" in capsys.readouterr().out

@@ -3,7 +3,7 @@
 The task (``--task``, default ``auto``) is chosen from the model's outputs by
 :func:`coralrt.vision.guess_task`: the SSD post-process outputs or boxes +
 scores -> detect; a [1, 1, 17, 3] output -> pose; one [1, H, W(, C)] output ->
-segment; one score vector -> classify.  The result is printed (or one JSON
+segment; one YOLO head output -> detect; one score vector -> classify.  The result is printed (or one JSON
 object with ``--json``) and, with ``--save``, drawn on the image.  On
 ``--target sim`` the estimated Coral USB Accelerator time of the Edge TPU steps
 follows the measured latency, as ``coralrt run`` without ``--image`` prints it.

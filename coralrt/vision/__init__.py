@@ -25,12 +25,14 @@ from coralrt.vision._results import (
 )
 from coralrt.vision._segment import segment, segmentation_from_output
 from coralrt.vision._task import TASKS, guess_task
+from coralrt.vision._yolo import decode_yolo, yolo_layout
 
 __all__ = [
     "classify", "detect", "segment", "pose", "draw", "save", "read_labels", "guess_task",
     "Class", "BBox", "Detection", "Segmentation", "Keypoint", "Placement", "prepare",
     "run_image", "as_rgb_array", "classes_from_scores", "classes_from_outputs", "top_indices", "nms",
-    "decode_postprocess", "decode_box_scores", "detections_from_outputs",
+    "decode_postprocess", "decode_box_scores", "decode_yolo", "yolo_layout",
+    "detections_from_outputs",
     "segmentation_from_output", "keypoints_from_output", "palette", "PillowMissing",
     "FITS", "TASKS", "KEYPOINT_NAMES", "SKELETON",
 ]

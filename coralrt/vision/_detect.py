@@ -15,6 +15,8 @@
   ``threshold`` are dropped, then greedy non-maximum suppression per class
   removes a box whose IoU with a better-scoring box of the same class
   exceeds ``iou_threshold`` (0.5).
+* **YOLO head**: the model's only output is one tensor of boxes and class
+  scores per anchor (YOLOv5, v8/v11, v10): :mod:`coralrt.vision._yolo`.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from coralrt.errors import InputError
 from coralrt._model.shapes import DETECTION_POSTPROCESS
 from coralrt.vision._labels import label_of
 from coralrt.vision._preprocess import Placement, run_image
-from coralrt.vision._results import BBox, Detection, box_iou
+from coralrt.vision._results import BBox, Detection, nms
+from coralrt.vision._yolo import decode_yolo, head_shape, yolo_layout
 
 __all__ = ["postprocess_outputs", "postprocess_order", "box_score_outputs", "nms",
            "decode_postprocess", "decode_box_scores", "detections_from_outputs", "detect",
-           "raw_head_shape", "not_a_detector"]
+           "yolo_output", "not_a_detector"]
 
 # Positions of (boxes, classes, scores, count) among the four outputs.
 TF1_ORDER = (0, 1, 2, 3)
@@ -84,33 +87,34 @@ def box_score_outputs(session) -> list[int] | None:
     return None
 
 
-def raw_head_shape(shape) -> tuple[int, int] | None:
-    """(values per anchor, anchors) when ``shape`` looks like an undecoded one-tensor
-    detection head ([1, 4 + C, N] or [1, N, 4 + C], N at least four times 4 + C, as
-    YOLO exports have it), else None."""
-    shape = tuple(int(d) for d in shape)
-    if len(shape) != 3 or shape[0] != 1:
+def yolo_output(session, *, strict: bool = False) -> int | None:
+    """Position of the model's output when it is its only one and a YOLO head
+    (:func:`~coralrt.vision._yolo.yolo_layout`, ``strict`` as there)."""
+    infos = session.get_outputs()
+    if len(infos) != 1:
         return None
-    small, large = sorted(shape[1:])
-    return (small, large) if small >= 5 and large >= 4 * small else None
+    return 0 if yolo_layout(infos[0].shape, _input_size(session), strict=strict) else None
+
+
+def _input_size(session) -> tuple[int, int] | None:
+    """(width, height) of the model's only input when it is an NHWC image, else None."""
+    inputs = [tuple(i.shape) for i in session.get_inputs()]
+    if len(inputs) == 1 and len(inputs[0]) == 4 and min(inputs[0][1:3]) > 0:
+        return int(inputs[0][2]), int(inputs[0][1])
+    return None
 
 
 def not_a_detector(infos) -> InputError:
-    """The error for outputs that are neither SSD-style layout; it says what they look
-    like when one is a one-tensor head (boxes and class scores per anchor, no
-    suppression in the model), which these helpers do not decode."""
+    """The error for outputs that are no layout these helpers read."""
     shapes = [list(i.shape) for i in infos]
-    head = next((raw_head_shape(s) for s in shapes if raw_head_shape(s)), None)
     hint = ""
-    if head is not None:
-        values, anchors = head
-        hint = (f"; the output of {values} values per {anchors} anchors looks like a YOLO-style "
-                f"head (4 box values and {values - 4} class score(s) per anchor, no "
-                f"suppression inside the model), which coralrt.vision does not decode: read "
-                f"it from session.run() yourself")
-    return InputError(f"not an SSD-style detection model: no TFLite_Detection_PostProcess "
-                      f"outputs and no boxes [1, N, 4] + scores [1, N, C] outputs (outputs "
-                      f"{shapes}){hint}")
+    if len(shapes) > 1 and any(head_shape(s) for s in shapes):
+        hint = ("; one output looks like a YOLO head, but a YOLO model is read only when "
+                "that head is its only output: pass it to decode_yolo() yourself")
+    return InputError(f"not a detection model coralrt.vision reads: no TFLite_Detection_"
+                      f"PostProcess outputs, no boxes [1, N, 4] + scores [1, N, C] outputs "
+                      f"and no single YOLO head output [1, 4 + C, N], [1, N, 5 + C] or "
+                      f"[1, N, 6] (outputs {shapes}){hint}")
 
 
 def _real(info, a) -> np.ndarray:
@@ -126,21 +130,6 @@ def _to_bbox(yxyx, placement: Placement) -> BBox:
     w, h = placement.image_size
     return BBox(float(np.clip(x0, 0, w)), float(np.clip(y0, 0, h)),
                 float(np.clip(x1, 0, w)), float(np.clip(y1, 0, h)))
-
-
-def nms(boxes, scores, iou_threshold: float = 0.5) -> list[int]:
-    """Greedy non-maximum suppression: indices kept, best score first.
-
-    ``boxes``: (N, 4) in any one corner order with min before max per axis;
-    a box is dropped when its IoU with a kept, better (or equal, earlier) box
-    exceeds ``iou_threshold``.
-    """
-    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
-    keep: list[int] = []
-    for i in np.argsort(-np.asarray(scores, np.float64), kind="stable"):
-        if all(box_iou(boxes[i], boxes[j]) <= iou_threshold for j in keep):
-            keep.append(int(i))
-    return keep
 
 
 def decode_postprocess(boxes, classes, scores, count, placement: Placement,
@@ -189,9 +178,11 @@ def decode_box_scores(boxes, scores, placement: Placement, threshold: float = 0.
 
 def detections_from_outputs(session, outputs: dict, placement: Placement,
                             threshold: float = 0.5, labels=None,
-                            iou_threshold: float = 0.5, background: bool = True
+                            iou_threshold: float = 0.5, background: bool = True, *,
+                            layout: str = "auto", coordinates: str = "auto"
                             ) -> list[Detection]:
-    """Detections in ``outputs`` (``session.run``'s dict) of either layout."""
+    """Detections in ``outputs`` (``session.run``'s dict) of any layout the module doc
+    lists; ``layout`` and ``coordinates`` apply to a YOLO head (``decode_yolo``)."""
     infos = session.get_outputs()
     arrays = list(outputs.values())
     pos = postprocess_outputs(session)
@@ -203,18 +194,23 @@ def detections_from_outputs(session, outputs: dict, placement: Placement,
         b, s = (_real(infos[k], arrays[k]) for k in pos)
         return decode_box_scores(b, s, placement, threshold, labels, iou_threshold,
                                  background)
+    if len(infos) == 1 and (layout != "auto" or yolo_output(session) is not None):
+        return decode_yolo(_real(infos[0], arrays[0]), placement, threshold, labels,
+                           iou_threshold, layout=layout, coordinates=coordinates)
     raise not_a_detector(infos)
 
 
 def detect(session, image, threshold: float = 0.5, labels=None, *,
-           iou_threshold: float = 0.5, background: bool = True,
-           **preprocess) -> list[Detection]:
+           iou_threshold: float = 0.5, background: bool = True, layout: str = "auto",
+           coordinates: str = "auto", **preprocess) -> list[Detection]:
     """Objects in ``image`` scoring >= ``threshold``, best first, boxes in image pixels.
 
     ``preprocess``: ``fit``, ``resample``, ``mean``, ``std``, ``max_pixels``
     (:mod:`coralrt.vision._preprocess`); ``fit="letterbox"`` keeps the aspect
-    ratio and the boxes still come back in the image's pixels.
+    ratio and the boxes still come back in the image's pixels.  ``layout`` and
+    ``coordinates``: a YOLO head's (:func:`decode_yolo`).
     """
     outputs, placement, _ = run_image(session, image, **preprocess)
     return detections_from_outputs(session, outputs, placement, threshold, labels,
-                                   iou_threshold, background)
+                                   iou_threshold, background, layout=layout,
+                                   coordinates=coordinates)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["Class", "BBox", "Detection", "Segmentation", "Keypoint", "box_intersection",
-           "box_union", "box_iou", "KEYPOINT_NAMES", "SKELETON"]
+           "box_union", "box_iou", "nms", "KEYPOINT_NAMES", "SKELETON"]
 
 
 def box_intersection(a, b) -> tuple:
@@ -38,6 +38,30 @@ def box_iou(a, b) -> float:
         return 0.0
     inter = (x1 - x0) * (y1 - y0)
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def nms(boxes, scores, iou_threshold: float = 0.5) -> list[int]:
+    """Greedy non-maximum suppression: indices kept, best score first.
+
+    ``boxes``: (N, 4) in any one corner order with min before max per axis;
+    a box is dropped when its IoU (:func:`box_iou`; 0 for two empty boxes) with
+    a kept, better (or equal, earlier) box exceeds ``iou_threshold``.
+    """
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    order = np.argsort(-np.asarray(scores, np.float64).reshape(-1), kind="stable")
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    keep: list[int] = []
+    while order.size:
+        i, rest = order[0], order[1:]
+        keep.append(int(i))
+        iw = np.minimum(boxes[i, 2], boxes[rest, 2]) - np.maximum(boxes[i, 0], boxes[rest, 0])
+        ih = np.minimum(boxes[i, 3], boxes[rest, 3]) - np.maximum(boxes[i, 1], boxes[rest, 1])
+        inter = np.where((iw >= 0) & (ih >= 0), iw * ih, 0.0)
+        union = area[i] + area[rest] - inter
+        with np.errstate(invalid="ignore", divide="ignore"):
+            iou = np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+        order = rest[iou <= iou_threshold]
+    return keep
 
 
 @dataclass(frozen=True)

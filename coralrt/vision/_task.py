@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from coralrt.errors import InputError
-from coralrt.vision._detect import (
-    box_score_outputs, not_a_detector, postprocess_outputs, raw_head_shape,
-)
+from coralrt.vision._detect import box_score_outputs, postprocess_outputs, yolo_output
+from coralrt.vision._yolo import head_shape
 from coralrt.vision._pose import is_pose_output
 
 __all__ = ["TASKS", "guess_task"]
@@ -22,11 +21,13 @@ def guess_task(session) -> str:
     3. ``segment``: one output [1, H, W] or [1, H, W, C] with H, W > 1 whose
        aspect ratio H / W is within a factor of 2 of the image input's (a mask
        covers the image);
-    4. ``classify``: one output holding more than one value in its last
+    4. ``detect``: one output that is a YOLO head whose layout its shape tells
+       (:func:`~coralrt.vision._yolo.yolo_layout` with ``strict``: [1, 4 + C, N],
+       [1, N, 6], or N the anchor count of the input's grid);
+    5. ``classify``: one output holding more than one value in its last
        dimension only ([1, C] or [C]).
 
-    A one-tensor YOLO-style head ([1, 4 + C, N]) is none of these: the error
-    says so (:func:`~coralrt.vision._detect.not_a_detector`).
+    Any other output shaped like a YOLO head makes the error say to name the task.
     """
     if postprocess_outputs(session) is not None or box_score_outputs(session) is not None:
         return "detect"
@@ -38,15 +39,19 @@ def guess_task(session) -> str:
         if len(s) in (3, 4) and s[0] == 1 and s[1] > 1 and s[2] > 1 \
                 and _image_like(session, s[1], s[2]):
             return "segment"
+        if yolo_output(session, strict=True) is not None:
+            return "detect"
         size = 1
         for d in s:
             size *= d
         if s and size > 1 and size == s[-1]:
             return "classify"
-    if any(raw_head_shape(s) for s in shapes):
-        raise not_a_detector(session.get_outputs())
+    hint = ""
+    if any(head_shape(s) for s in shapes):
+        hint = (" (an output looks like a YOLO head, but its shape does not say which layout: "
+                "name the task detect, and the layout if the default rule is wrong)")
     raise InputError(f"cannot tell the task from the model's outputs {[list(s) for s in shapes]}"
-                     f"; name it (classify, detect, segment or pose)")
+                     f"; name it (classify, detect, segment or pose){hint}")
 
 
 def _image_like(session, height: int, width: int) -> bool:

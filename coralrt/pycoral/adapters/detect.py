@@ -1,12 +1,17 @@
-"""Object detection results (SSD models with the TFLite detection post-process)."""
+"""Object detection results: SSD models with the TFLite detection post-process, and
+models whose only output is a YOLO head (decoded by :mod:`coralrt.vision`)."""
 
 from __future__ import annotations
 
 import collections
 import math
 
+import numpy as np
+
 from coralrt.pycoral.adapters import common
 from coralrt.vision._detect import postprocess_order
+from coralrt.vision._preprocess import Placement
+from coralrt.vision._yolo import decode_yolo, yolo_layout
 from coralrt.vision._results import box_intersection, box_iou, box_union
 
 __all__ = ["Object", "BBox", "get_objects"]
@@ -98,7 +103,15 @@ def get_objects(interpreter, score_threshold=-math.inf, image_scale=(1.0, 1.0)) 
     boxes land in the original image's pixels) and truncated to ints.  As in
     pycoral, every row of the outputs is looked at (the count output is not
     used: rows past it have score 0).
+
+    A model whose only output is a YOLO head (YOLOv5, v8/v11, v10; pycoral
+    itself reads none) is decoded by :func:`coralrt.vision.decode_yolo` with
+    its default suppression (IoU 0.5): the objects come best first, boxes
+    likewise scaled and truncated.
     """
+    yolo = _yolo_objects(interpreter, score_threshold, image_scale)
+    if yolo is not None:
+        return yolo
     boxes, class_ids, scores = _raw_outputs(interpreter)
     width, height = common.input_size(interpreter)
     scale_x, scale_y = image_scale
@@ -110,3 +123,21 @@ def get_objects(interpreter, score_threshold=-math.inf, image_scale=(1.0, 1.0)) 
         return Object(id=int(class_ids[i]), score=float(scores[i]), bbox=box)
 
     return [make(i) for i in range(len(scores)) if scores[i] >= score_threshold]
+
+
+def _yolo_objects(interpreter, score_threshold, image_scale) -> list[Object] | None:
+    """The objects of a model whose only output is a YOLO head, else None."""
+    details = interpreter.get_output_details()
+    if len(details) != 1:
+        return None
+    size = common.input_size(interpreter)
+    if yolo_layout(details[0]["shape"], size) is None:
+        return None
+    raw = np.asarray(common.output_tensor(interpreter, 0))
+    scale, zero_point = details[0].get("quantization", (0.0, 0)) or (0.0, 0)
+    real = (raw.astype(np.float64) - zero_point) * scale if scale else raw.astype(np.float64)
+    found = decode_yolo(real, Placement.compute(size, size), score_threshold)
+    sx, sy = image_scale
+    return [Object(id=d.id, score=d.score,
+                   bbox=BBox(*d.bbox.astuple()).scale(1 / sx, 1 / sy).map(int))
+            for d in found]
