@@ -18,14 +18,18 @@ and the session targets say the same thing.
 from __future__ import annotations
 
 import os
+import json
 from pathlib import Path
+
+import numpy as np
 
 from coralrt import _config as config
 from coralrt.errors import ModelError
 from coralrt._formats.opnames import DWN1, SEGMENT
+from coralrt._model.types import Buffer, Metadata
 
 __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
-           "refuse_compiled"]
+           "refuse_compiled", "ORIGIN_METADATA", "operator_origin", "with_operator_origin"]
 
 _SUFFIX = "_edgetpu.tflite"
 
@@ -143,3 +147,37 @@ def not_recompilable(model) -> str | None:
                 "operators); it runs with target='sim'. Partition or compile the plain "
                 ".tflite instead")
     return None
+
+
+# -- where a compiled model's operators came from ----------------------------------------
+
+#: The metadata entry in which coralrt's compiler records, per operator of the
+#: compiled model, the index of that operator in the model it was given (JSON:
+#: a list of integers, null for an Edge TPU segment's operator).  Messages
+#: about a CPU operator of a compiled model name it by that index.
+ORIGIN_METADATA = "coralrt_operator_origin"
+
+
+def operator_origin(model) -> list[int | None] | None:
+    """Per operator of ``model``, its index in the model the compiler was given,
+    or None when ``model`` records none (or a malformed one)."""
+    for m in model.metadata:
+        if m.name != ORIGIN_METADATA:
+            continue
+        try:
+            origin = json.loads(bytes(m.buffer.data).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        n = len(model.main.operators)
+        if isinstance(origin, list) and len(origin) == n and all(
+                o is None or (type(o) is int and o >= 0) for o in origin):
+            return origin
+        return None
+    return None
+
+
+def with_operator_origin(metadata: list, origin: list) -> list:
+    """``metadata`` with the origin entry set to ``origin`` (see :data:`ORIGIN_METADATA`)."""
+    raw = np.frombuffer(json.dumps(origin, separators=(",", ":")).encode(), np.uint8)
+    return [m for m in metadata if m.name != ORIGIN_METADATA] + [
+        Metadata(ORIGIN_METADATA, Buffer(raw))]
