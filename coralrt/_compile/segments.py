@@ -35,7 +35,7 @@ from coralrt._compile.partition import (
 from coralrt._compile.rules import UNSPECIFIED_LIMITATION
 from coralrt.errors import ModelError, SegmentNotMapped, SegmentTooLargeError
 from coralrt._model.compiled import (
-    compiled_by, not_recompilable, operator_origin, with_operator_origin,
+    AlreadyCompiled, compiled_by, operator_origin, with_operator_origin,
 )
 from coralrt._model.extract import extract
 from coralrt._model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
@@ -107,7 +107,7 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
     # A coralrt-compiled model passes (its segments stay as they are, for
     # target='sim'); the CLI's compile and partition refuse both kinds.
     if compiled_by(model) == "edgetpu_compiler":
-        raise ModelError(not_recompilable(model))
+        raise AlreadyCompiled(model)
     start = time.perf_counter()
     compiler = as_compiler(compiler or NativeCompiler())
     plan = plan or partition(model, mode, rules=rules)

@@ -29,7 +29,7 @@ from coralrt._formats.opnames import DWN1, SEGMENT
 from coralrt._model.types import Buffer, Metadata
 
 __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
-           "refuse_compiled", "ORIGIN_METADATA", "operator_origin", "with_operator_origin"]
+           "refuse_compiled", "AlreadyCompiled", "ORIGIN_METADATA", "operator_origin", "with_operator_origin"]
 
 _SUFFIX = "_edgetpu.tflite"
 
@@ -126,6 +126,21 @@ def not_on_host(model, source, *, no_stick: bool = False) -> str:
     if no_stick:
         head += ", and no Coral USB Accelerator was found"
     return f"{head}. The plain model runs anywhere (target='cpu' or 'sim'): {_looked_at(source)}"
+
+
+class AlreadyCompiled(ModelError):
+    """A compiler was given a model edgetpu_compiler already compiled (``model``).
+
+    A session target that compiles catches it and words the refusal as the
+    ``cpu`` target does (:func:`not_on_host`): a file whose name does not end
+    in ``_edgetpu.tflite`` is found to be compiled only once it is read."""
+
+    def __init__(self, model):
+        super().__init__(not_recompilable(model))
+        self.model = model
+
+    def __reduce__(self):   # the model stays behind when pickled
+        return (ModelError, (self.message,))
 
 
 def refuse_compiled(model, where: str | None = None) -> None:
