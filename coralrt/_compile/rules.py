@@ -68,6 +68,10 @@ class RuleRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self._ops
 
+    def support(self, name: str) -> OpSupport | None:
+        """The rule of operator ``name`` (None: the Edge TPU has no such operator)."""
+        return self._ops.get(name)
+
     def names(self) -> list[str]:
         return sorted(self._ops)
 
