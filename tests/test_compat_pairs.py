@@ -276,6 +276,47 @@ def test_disagreement_names_each_operator():
         0, "RELU", "cpu", "tpu", R.MAPPED)
 
 
+def _chain(names, compiled_units):
+    """plain: x -> names[0] -> names[1] ...; compiled: the operators whose unit is
+    "tpu" replaced by one edgetpu-custom-op (a prefix), the rest kept."""
+    p, c = ModelBuilder(), ModelBuilder()
+    px = p.input("x", (1, 4, 4, 8), np.uint8, scale=0.1, zero_point=128)
+    cx = c.input("x", (1, 4, 4, 8), np.uint8, scale=0.1, zero_point=128)
+    n_tpu = compiled_units.count("tpu")
+    assert compiled_units[:n_tpu] == ["tpu"] * n_tpu
+    prev_p, prev_c = px, cx
+    for k, name in enumerate(names):
+        t_p, t_c = u8(p, f"t{k}", (1, 4, 4, 8)), u8(c, f"t{k}", (1, 4, 4, 8))
+        p.op(name, [prev_p], [t_p])
+        if k >= n_tpu:
+            c.op(name, [prev_c], [t_c])
+        elif k == n_tpu - 1:
+            c.op(EDGETPU_OP, [cx], [t_c], custom_options=b"\0")
+        prev_p, prev_c = t_p, t_c
+    p.output(prev_p)
+    c.output(prev_c)
+    return p.build(), c.build()
+
+
+def test_each_disagreement_says_why_in_both_directions():
+    # The compiler mapped ABS, which coralrt keeps on the CPU: coralrt's reason.
+    report = compare_models(*_chain(["RELU", "ABS"], ["tpu", "tpu"]))
+    [d] = report.diffs
+    assert (d.index, d.edgetpu_compiler, d.compat) == (1, "tpu", "cpu")
+    assert d.why == ("Google's compiler mapped it; coralrt keeps it on the CPU because: "
+                     + d.reason)
+    assert d.reason.startswith(R.UNSUPPORTED_OP)
+    # The compiler left both RELUs on the CPU: the first for no stated reason, the
+    # second after it.
+    report = compare_models(*_chain(["RELU", "RELU6"], ["cpu", "cpu"]))
+    first, second = report.diffs
+    assert "passes every check coralrt applies to it: eight_bit, static_shapes" in first.why
+    assert first.why.startswith("Google's compiler left it on the CPU; coralrt maps it "
+                                "because RELU (version 1, the Edge TPU takes up to 3)")
+    assert second.why.startswith("Google's compiler left it on the CPU, after operator 0 "
+                                 "(RELU) upstream; coralrt maps it because it maps operator 0")
+
+
 # -- the tool -----------------------------------------------------------------------------
 
 
@@ -307,8 +348,11 @@ def test_tool_disagreement_exits_one_and_lists_the_operator(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["agree"] is False
     bad = next(p for p in data["pairs"] if p["plain"].endswith("bad.tflite"))
-    assert bad["diffs"] == [{"index": 0, "opcode": "RELU", "edgetpu_compiler": "cpu",
-                             "compat": "tpu", "reason": R.MAPPED}]
+    [diff] = bad["diffs"]
+    assert diff == {"index": 0, "opcode": "RELU", "edgetpu_compiler": "cpu",
+                    "compat": "tpu", "reason": R.MAPPED, "why": diff["why"]}
+    assert diff["why"].startswith("Google's compiler left it on the CPU; coralrt maps it "
+                                  "because RELU")
 
 
 def test_tool_reports_a_pair_it_cannot_match(tmp_path, capsys):

@@ -247,6 +247,25 @@ def test_partition_cli_json(capsys):
     assert data["summary"]["tpu_ops"] == 64
 
 
+def test_partition_cli_says_per_segment_what_multi_maps_beyond_compat(capsys):
+    """Each multi-mode segment reports how many of its operators compat mode (what
+    edgetpu_compiler would do) keeps on the CPU."""
+    path = shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite")
+    model = load_model(path)
+    compat_tpu = set(partition(model, "compat").tpu_ops)
+    assert main(["partition", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    want = [sum(1 for i in s["ops"] if i not in compat_tpu) for s in data["segments"]]
+    assert [s["beyond_compat"] for s in data["segments"]] == want
+    assert sum(want) > 0        # this model: multi mode maps the tail edgetpu_compiler cuts
+    assert main(["partition", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "beyond compat" in out and "multi mode maps more than edgetpu_compiler" in out
+    assert main(["partition", str(path), "--mode", "compat", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["beyond_compat"] for s in data["segments"]] == [None]
+
+
 def test_partition_cli_text(capsys):
     path = shared_model("deeplabv3_mnv2_dm05_pascal_quant.tflite")
     assert main(["partition", str(path)]) == 0

@@ -5,7 +5,9 @@ file next to the plain one, or in an ``edgetpu/`` subfolder of its folder),
 derives from the compiled model which operators edgetpu_compiler mapped to the
 Edge TPU, partitions the plain model in compat mode and prints, per pair,
 whether the two agree, both Edge TPU operator counts and every operator placed
-differently, with compat mode's reason.
+differently, with compat mode's reason and why the two disagree (coralrt's
+reason for each operator it keeps on the CPU that edgetpu_compiler mapped, and
+what lets it map each one edgetpu_compiler left on the CPU).
 
     python tools/compat_pairs.py ../shared/models
     python tools/compat_pairs.py DIR1 DIR2 --json
@@ -51,6 +53,7 @@ def _print(reports, unpaired, roots, verbose: bool) -> None:
         for d in r.diffs:
             print(f"    op {d.index:>4} {d.opcode:<24} edgetpu_compiler: {d.edgetpu_compiler}"
                   f"  compat: {d.compat}  reason: {d.reason}")
+            print(f"         why: {d.why}")
     if verbose:
         for path in unpaired:
             print(f"skipped   {_short(str(path), roots)}: no plain model beside it")

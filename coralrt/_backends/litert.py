@@ -44,6 +44,7 @@ log = logging.getLogger("coralrt.backends")
 _UNRESOLVED_CUSTOM = re.compile(r"Encountered unresolved custom op: (.+?)\.(?:\s|$)")
 _MISSING_BUILTIN = re.compile(r"Didn't find op for builtin opcode '([^']+)' version '(\d+)'")
 _NODE = re.compile(r"Node number (\d+) \(")
+_NODE_SENTENCE = re.compile(r"\s*Node number \d+ \([^)]*\) failed to prepare\.?")
 _DELEGATE_REFUSED = re.compile(r"\(TfLiteXNNPackDelegate\) failed to prepare")
 
 
@@ -161,8 +162,11 @@ def _translate(exc: BaseException, stage: str) -> CoralRTError:
 
     m = _UNRESOLVED_CUSTOM.search(raw)
     if m and stage in ("load", "allocate"):
+        # The node number goes into ``where``, where a compiled model's CPU step
+        # renumbers it as the user's model numbers it (runtime/executor.py).
+        said = _NODE_SENTENCE.sub("", text).strip() or text
         return UnsupportedOperatorError(
-            m.group(1), where=where, detail=f"the CPU backend says: {text}"
+            m.group(1), where=where, detail=f"the CPU backend says: {said}"
         )
     m = _MISSING_BUILTIN.search(raw)
     if m and stage in ("load", "allocate"):

@@ -28,7 +28,7 @@ from coralrt._sim.latency import USB_RATES
 
 log = logging.getLogger("coralrt.cli")
 
-__all__ = ["add_parser", "command", "format_plan", "rewritten"]
+__all__ = ["add_parser", "beyond_compat", "command", "format_plan", "rewritten"]
 
 
 def add_parser(sub, parents) -> None:
@@ -65,8 +65,25 @@ def command(args) -> int:
     plan.rewrites = [r.to_dict() for r in records]
     if args.html or args.svg:
         _pictures(args, model, plan)
-    print(dumps(plan.to_dict()) if args.json else format_plan(plan, args.model))
+    beyond = beyond_compat(model, plan)
+    if args.json:
+        out = plan.to_dict()
+        for seg in out["segments"]:
+            seg["beyond_compat"] = beyond.get(seg["index"]) if beyond else None
+        print(dumps(out))
+    else:
+        print(format_plan(plan, args.model, beyond))
     return 0
+
+
+def beyond_compat(model: Model, plan: PartitionPlan) -> dict[int, int]:
+    """Per segment of a multi-mode ``plan``, how many of its operators compat mode
+    (edgetpu_compiler's rules, one Edge TPU subgraph) keeps on the CPU: what
+    multi mode maps beyond what edgetpu_compiler would.  Empty in compat mode."""
+    if plan.mode != "multi" or not plan.segments:
+        return {}
+    compat_tpu = set(partition(model, "compat").tpu_ops)
+    return {s.index: sum(1 for i in s.ops if i not in compat_tpu) for s in plan.segments}
 
 
 def rewritten(model: Model, mode: str, spec) -> tuple[Model, list]:
@@ -136,14 +153,24 @@ def segment_estimates(model: Model, plan: PartitionPlan, *, usb: str = "usb3",
     return out
 
 
-def format_plan(plan: PartitionPlan, name: str) -> str:
+def format_plan(plan: PartitionPlan, name: str, beyond: dict[int, int] | None = None) -> str:
+    """The text report; ``beyond`` (:func:`beyond_compat`) adds a column saying how
+    many operators of each segment compat mode would keep on the CPU."""
     lines = [f"Partition of {name} (mode {plan.summary['mode']})",
              *summary_lines(plan.summary), ""]
     if plan.segments:
+        head = ["#", "ops", "MACs", "parameters", "inputs", "outputs"]
         rows = [[seg.index, len(seg.ops), f"{seg.macs:,}", size_str(seg.parameter_bytes),
                  len(seg.inputs), len(seg.outputs)] for seg in plan.segments]
-        lines += ["segments", table(["#", "ops", "MACs", "parameters", "inputs", "outputs"],
-                                    rows, right={0, 1, 2, 4, 5}), ""]
+        if beyond:
+            head.append("beyond compat")
+            for row, seg in zip(rows, plan.segments):
+                row.append(beyond.get(seg.index, 0))
+        lines += ["segments", table(head, rows, right={0, 1, 2, 4, 5, 6}), ""]
+        if beyond and any(beyond.values()):
+            lines += ["(beyond compat: operators of the segment that compat mode, "
+                      "edgetpu_compiler's rules with one Edge TPU subgraph, keeps on the "
+                      "CPU; multi mode maps more than edgetpu_compiler by design)", ""]
     if plan.rewrites:
         lines += ["rewrites (operator numbers below are those of the rewritten model)",
                   *(f"  {r['line']}" for r in plan.rewrites), ""]

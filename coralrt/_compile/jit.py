@@ -96,7 +96,7 @@ def jit_compile(source, *, mode: str = "multi", compiler: Compiler | None = None
         for line in rewritten.lines():
             log.info("%s", line)
         result = compile_model(
-            rewritten.model, mode=mode, compiler=compiler, rules=rules,
+            rewritten.model, mode=mode, compiler=compiler, rules=rules, origin=rewritten.origin,
             on_plan=lambda plan: emit(kind="segments_planned", key=key,
                                       segments=len(plan.segments),
                                       operators=plan.summary["tpu_ops"]),

@@ -27,7 +27,8 @@ from coralrt._model.reader import load_model
 from coralrt._model.types import Model, Subgraph
 
 __all__ = ["PairError", "CompilerMapping", "OpDiff", "PairReport", "find_pairs",
-           "plain_for", "compiler_mapping", "ops_between", "compare_models", "compare_pair"]
+           "plain_for", "compiler_mapping", "ops_between", "compare_models", "compare_pair",
+           "explain"]
 
 COMPILED_SUFFIX = "_edgetpu.tflite"
 
@@ -213,6 +214,7 @@ class OpDiff:
     edgetpu_compiler: str    # "tpu" | "cpu"
     compat: str              # "tpu" | "cpu"
     reason: str              # compat mode's reason
+    why: str = ""            # the disagreement in words: what each side did, and why
 
 
 @dataclass
@@ -243,9 +245,61 @@ def compare_models(plain: Model, compiled: Model, *, rules=None,
         want = "tpu" if o.index in mapping.tpu else "cpu"
         if o.unit != want:
             diffs.append(OpDiff(o.index, o.opcode, want, o.unit, o.reason))
+    explain(plain, diffs, rules)
     return PairReport(names[0], names[1], not diffs, len(plain.main.operators),
                       len(mapping.tpu), len(plan.tpu_ops), len(mapping.segments),
                       len(plan.segments), diffs, mapping.notes)
+
+
+def _ancestors(sg: Subgraph, i: int) -> set[int]:
+    prod, seen, todo = _producers(sg), set(), [i]
+    while todo:
+        for t in sg.operators[todo.pop()].inputs:
+            p = prod.get(t)
+            if p is not None and p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return seen
+
+
+def _passes(name: str, version: int, rules) -> str:
+    support = rules.support(name) if rules is not None else None
+    if support is None:
+        return f"its rule for {name} has no limit it fails"
+    checks = [getattr(c, "__name__", type(c).__name__).strip("<>")
+              for c in (*support.generic, *support.checks)]
+    return (f"{name} (version {version}, the Edge TPU takes up to {support.max_version}) is "
+            f"in the operator table and passes every check coralrt applies to it: "
+            f"{', '.join(checks)}")
+
+
+def explain(plain: Model, diffs: list[OpDiff], rules=None) -> None:
+    """Fill in each disagreement's ``why``: coralrt's reason for each operator it
+    keeps on the CPU that edgetpu_compiler mapped, and for each it maps that
+    edgetpu_compiler left on the CPU, what lets it (the operator's own rule, or
+    the upstream operator the two placed differently, where the compiler's
+    subgraph ended)."""
+    from coralrt._compile.compat_rules import compat_rules
+    from coralrt._compile.rules import default_rules
+    registry = compat_rules(rules or default_rules())
+    sg = plain.main
+    mapped_here = {d.index for d in diffs if d.compat == "tpu"}
+    for d in diffs:
+        if d.compat == "cpu":
+            d.why = (f"Google's compiler mapped it; coralrt keeps it on the CPU because: "
+                     f"{d.reason}")
+            continue
+        upstream = sorted(_ancestors(sg, d.index) & mapped_here)
+        if upstream:
+            j = upstream[0]
+            d.why = (f"Google's compiler left it on the CPU, after operator {j} "
+                     f"({sg.operators[j].name}) upstream; coralrt maps it because it maps "
+                     f"operator {j} too and this operator passes its own rule")
+        else:
+            op = sg.operators[d.index]
+            d.why = (f"Google's compiler left it on the CPU; coralrt maps it because "
+                     f"{_passes(op.name, op.version, registry)}. No documented limit or "
+                     f"other compiled pair says why the compiler did not")
 
 
 def compare_pair(plain_path, compiled_path, *, rules=None) -> PairReport:

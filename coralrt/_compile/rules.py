@@ -38,8 +38,9 @@ __all__ = [
 # (3: compat mode's rules, compile/compat_rules.py; 4: layer width limits),
 # and when validation refuses more models: a cache hit skips validation, so a
 # compilation cached before a new refusal would outlive it (5: output types
-# against what the kernel writes, zero points in range, int32 accumulators).
-RULES_VERSION = 5
+# against what the kernel writes, zero points in range, int32 accumulators;
+# 6: CONV_2D with a different dilation in x and y maps).
+RULES_VERSION = 6
 
 
 # OpSupport (coralrt._ops.spec) and DEFAULT_ACTIVATIONS are re-exported: plugins
@@ -66,6 +67,10 @@ class RuleRegistry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._ops
+
+    def support(self, name: str) -> OpSupport | None:
+        """The rule of operator ``name`` (None: the Edge TPU has no such operator)."""
+        return self._ops.get(name)
 
     def names(self) -> list[str]:
         return sorted(self._ops)

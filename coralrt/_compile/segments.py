@@ -34,7 +34,9 @@ from coralrt._compile.partition import (
 )
 from coralrt._compile.rules import UNSPECIFIED_LIMITATION
 from coralrt.errors import ModelError, SegmentNotMapped, SegmentTooLargeError
-from coralrt._model.compiled import compiled_by, not_recompilable
+from coralrt._model.compiled import (
+    AlreadyCompiled, compiled_by, operator_origin, with_operator_origin,
+)
 from coralrt._model.extract import extract
 from coralrt._model.types import CUSTOM, Model, Operator, OperatorCode, Subgraph
 
@@ -53,6 +55,10 @@ class CompileResult:
     segments: list[bytes] = field(default_factory=list)
     seconds: float = 0.0
     compiler: str = ""
+    # Per operator of the compiled model: the index of the operator it is in the
+    # model as the user gave it (None for a segment's operator, which stands
+    # for several); recorded in the compiled model's metadata too.
+    origin: list[int | None] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return self.model.to_bytes()
@@ -77,7 +83,8 @@ def _remapped(sig, remap: dict[int, int]):
 
 def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | None = None,
                   plan: PartitionPlan | None = None, rules=None, on_plan=None,
-                  on_segment=None, max_compiles: int | None = None) -> CompileResult:
+                  on_segment=None, max_compiles: int | None = None,
+                  origin: list[int | None] | None = None) -> CompileResult:
     """Partition ``model`` and compile every TPU segment into a compiled model.
 
     ``max_compiles`` bounds the compiler runs spent on the pieces of segments
@@ -91,11 +98,16 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
     operators, size, seconds)`` after each segment compiled.  A segment the
     compiler does not map whole is compiled again in pieces, so the segments
     reported may be more, and their operators fewer, than planned.
+
+    ``origin``: per operator of ``model``, its index in the model the user gave
+    (when rewrites made ``model``); the compiled model records, per operator,
+    that index (:data:`coralrt._model.compiled.ORIGIN_METADATA`), so that a
+    message about one of its CPU operators names it as the user knows it.
     """
     # A coralrt-compiled model passes (its segments stay as they are, for
     # target='sim'); the CLI's compile and partition refuse both kinds.
     if compiled_by(model) == "edgetpu_compiler":
-        raise ModelError(not_recompilable(model))
+        raise AlreadyCompiled(model)
     start = time.perf_counter()
     compiler = as_compiler(compiler or NativeCompiler())
     plan = plan or partition(model, mode, rules=rules)
@@ -152,16 +164,23 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
         elif i == s.ops[0]:
             ins, outs = _segment_io(sg, s, blobs[s.index])
             nodes[i] = Operator(code, ins, outs, custom_options=bytes(blobs[s.index]))
-    ordered = _topological(sg, nodes, seg_of)
+    keys = _topological(sg, nodes, seg_of)
+    ordered = [nodes[k] for k in keys]
+    given = origin if origin is not None else operator_origin(model)
+    origin = [None if k in seg_of else (k if given is None else
+                                         given[k] if k < len(given) else None)
+              for k in keys]
     main, remap = _prune(Subgraph(sg.tensors, ordered, list(sg.inputs), list(sg.outputs),
                                   sg.name))
     signatures = [_remapped(sig, remap) if sig.subgraph_index == 0 else sig
                   for sig in model.signatures]
     compiled = Model(subgraphs=[main, *model.subgraphs[1:]], description=model.description,
-                     version=model.version, metadata=list(model.metadata),
+                     version=model.version,
+                     metadata=with_operator_origin(list(model.metadata), origin),
                      signatures=signatures)
     seconds = time.perf_counter() - start
-    return CompileResult(compiled, plan, blobs, seconds, f"{compiler.id} {compiler.version}")
+    return CompileResult(compiled, plan, blobs, seconds, f"{compiler.id} {compiler.version}",
+                         origin)
 
 
 def _not_mapped(sg: Subgraph, ops: list[int], e: SegmentNotMapped, cpu_reasons: dict,
@@ -258,9 +277,10 @@ def _with_reports(plan: PartitionPlan, blobs) -> PartitionPlan:
     return dataclasses.replace(plan, segments=segments, summary=summary)
 
 
-def _topological(sg: Subgraph, nodes: dict[int, Operator], seg_of) -> list[Operator]:
+def _topological(sg: Subgraph, nodes: dict[int, Operator], seg_of) -> list[int]:
     # A segment becomes one node; order nodes so every input is produced
-    # first, keeping the original order wherever the graph allows.
+    # first, keeping the original order wherever the graph allows.  Returns
+    # the nodes' keys (a node's first operator index) in that order.
     key = {i: seg_of[i].ops[0] if i in seg_of else i for i in range(len(sg.operators))}
     producer = {t: key[i] for i, op in enumerate(sg.operators) for t in op.outputs}
     deps: dict[int, set[int]] = {n: set() for n in nodes}
@@ -279,7 +299,7 @@ def _topological(sg: Subgraph, nodes: dict[int, Operator], seg_of) -> list[Opera
     out = []
     while ready:
         n = heapq.heappop(ready)
-        out.append(nodes[n])
+        out.append(n)
         for u in users[n]:
             waiting[u] -= 1
             if waiting[u] == 0:

@@ -8,7 +8,8 @@ bounds-checked flatbuffer codec driven by it; ``reader.py`` and
 ``custom_options.py`` check a model before any native library sees it;
 ``extract.py`` cuts sub-models; ``builder.py`` builds models in code;
 ``shapes.py`` infers the output shapes of custom operators whose file
-declares none; ``compiled.py`` knows compiled models.  See
+declares none; ``prepared_shapes.py`` sizes dynamic tensors as LiteRT's
+Prepare does; ``compiled.py`` knows compiled models.  See
 docs/model-layer.md.
 """
 

@@ -24,6 +24,7 @@ and the session targets say the same thing.
 from __future__ import annotations
 
 import os
+import json
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,8 @@ from coralrt._formats.opnames import DWN1, SEGMENT
 from coralrt._model.types import Buffer, Metadata
 
 __all__ = ["compiled_by", "expected_plain", "plain_sibling", "not_on_host", "not_recompilable",
-           "refuse_compiled", "PLAIN_TWIN", "plain_twin", "with_plain_twin", "host_model"]
+           "refuse_compiled", "PLAIN_TWIN", "plain_twin", "with_plain_twin", "host_model",
+           "AlreadyCompiled", "ORIGIN_METADATA", "operator_origin", "with_operator_origin"]
 
 #: The metadata entry of a compiled model holding its plain twin (a whole .tflite).
 PLAIN_TWIN = "coralrt_plain_twin"
@@ -160,6 +162,21 @@ def not_on_host(model, source, *, no_stick: bool = False) -> str:
     return f"{head}. The plain model runs anywhere (target='cpu' or 'sim'): {_looked_at(source)}"
 
 
+class AlreadyCompiled(ModelError):
+    """A compiler was given a model edgetpu_compiler already compiled (``model``).
+
+    A session target that compiles catches it and words the refusal as the
+    ``cpu`` target does (:func:`not_on_host`): a file whose name does not end
+    in ``_edgetpu.tflite`` is found to be compiled only once it is read."""
+
+    def __init__(self, model):
+        super().__init__(not_recompilable(model))
+        self.model = model
+
+    def __reduce__(self):   # the model stays behind when pickled
+        return (ModelError, (self.message,))
+
+
 def refuse_compiled(model, where: str | None = None) -> None:
     """Raise :class:`ModelError` when ``model`` cannot be partitioned or compiled."""
     refusal = not_recompilable(model)
@@ -179,3 +196,37 @@ def not_recompilable(model) -> str | None:
                 "operators); it runs with target='sim'. Partition or compile the plain "
                 ".tflite instead")
     return None
+
+
+# -- where a compiled model's operators came from ----------------------------------------
+
+#: The metadata entry in which coralrt's compiler records, per operator of the
+#: compiled model, the index of that operator in the model it was given (JSON:
+#: a list of integers, null for an Edge TPU segment's operator).  Messages
+#: about a CPU operator of a compiled model name it by that index.
+ORIGIN_METADATA = "coralrt_operator_origin"
+
+
+def operator_origin(model) -> list[int | None] | None:
+    """Per operator of ``model``, its index in the model the compiler was given,
+    or None when ``model`` records none (or a malformed one)."""
+    for m in model.metadata:
+        if m.name != ORIGIN_METADATA:
+            continue
+        try:
+            origin = json.loads(bytes(m.buffer.data).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        n = len(model.main.operators)
+        if isinstance(origin, list) and len(origin) == n and all(
+                o is None or (type(o) is int and o >= 0) for o in origin):
+            return origin
+        return None
+    return None
+
+
+def with_operator_origin(metadata: list, origin: list) -> list:
+    """``metadata`` with the origin entry set to ``origin`` (see :data:`ORIGIN_METADATA`)."""
+    raw = np.frombuffer(json.dumps(origin, separators=(",", ":")).encode(), np.uint8)
+    return [m for m in metadata if m.name != ORIGIN_METADATA] + [
+        Metadata(ORIGIN_METADATA, Buffer(raw))]

@@ -22,7 +22,7 @@ from coralrt._model.types import Operator, Subgraph, Tensor
 from coralrt._ops import builtin_specs
 
 __all__ = ["MAX_RANK", "reshape", "fully_connected", "concatenation", "integer_lstm",
-           "sequence_lstm", "broadcast_rank", "same_shape", "broadcast"]
+           "sequence_lstm", "broadcast_rank", "same_shape", "broadcast", "declared_agrees"]
 
 # The most dimensions a NumPy array holds (NPY_MAXDIMS: 32 before NumPy 2,
 # 64 since); coralrt and LiteRT's Python API hold tensors in NumPy arrays.
@@ -209,8 +209,10 @@ def fully_connected(sg: Subgraph, op: Operator, where: str) -> None:
         batch = n_in // depth
     # coralrt: LiteRT sizes the output itself (from the input batch); the
     # simulator and the partitioner plan from the declared shape, which must agree.
-    n_out = math.prod(sg.tensors[op.outputs[0]].shape)
-    if n_out != batch * units:
+    out_t = sg.tensors[op.outputs[0]]
+    n_out = math.prod(out_t.shape)
+    dynamic = bool(out_t.shape_signature) and -1 in out_t.shape_signature
+    if n_out != batch * units and not dynamic:
         raise ModelError(f"FULLY_CONNECTED output of {n_out} elements, but {n_in} inputs and "
                          f"{units}x{depth} weights give {batch * units}", where=where)
 
@@ -282,6 +284,21 @@ def integer_lstm(sg: Subgraph, op: Operator, where: str) -> None:
                                      f"kernel reads it before the model runs", where=where)
 
 
+def declared_agrees(t, want) -> bool:
+    """Whether tensor ``t`` as the file declares it agrees with ``want``, the shape
+    the kernel computes, the way LiteRT sees it: a dimension that is -1 in
+    ``t.shape_signature`` is not compared (LiteRT resizes the tensor to the
+    computed shape while preparing, whatever the file wrote there; such a
+    tensor never maps to the Edge TPU, whose rules ask for static shapes)."""
+    shape, want = tuple(t.shape), tuple(want)
+    if shape == want:
+        return True
+    sig = t.shape_signature
+    if not sig or -1 not in sig or not len(sig) == len(shape) == len(want):
+        return False
+    return all(s == -1 or d == w for d, s, w in zip(shape, sig, want))
+
+
 def same_shape(sg: Subgraph, op: Operator, where: str) -> None:
     # coralrt: LiteRT's kernels size their output from the input at prepare
     # time (so LiteRT itself runs a file whose declared shape disagrees), but
@@ -290,7 +307,7 @@ def same_shape(sg: Subgraph, op: Operator, where: str) -> None:
     if not op.inputs or op.inputs[0] < 0 or not op.outputs:
         raise ModelError(f"{op.name} needs an input and an output", where=where)
     a, b = sg.tensors[op.inputs[0]].shape, sg.tensors[op.outputs[0]].shape
-    if a != b:
+    if not declared_agrees(sg.tensors[op.outputs[0]], a):
         raise ModelError(f"{op.name} output shape {list(b)} differs from its input shape "
                          f"{list(a)}", where=where)
 
@@ -340,7 +357,7 @@ def broadcast(sg: Subgraph, op: Operator, where: str) -> None:
                          where=where) from None
     # coralrt: as for same_shape, the declared output must be what the kernel makes.
     out = sg.tensors[op.outputs[0]].shape
-    if out != want:
+    if not declared_agrees(sg.tensors[op.outputs[0]], want):
         raise ModelError(f"{op.name} output shape {list(out)} is not the broadcast shape "
                          f"{list(want)} of its inputs", where=where)
 
@@ -370,6 +387,6 @@ def concatenation(sg: Subgraph, op: Operator, where: str) -> None:
                              where=where)
     want = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
     out = sg.tensors[op.outputs[0]].shape
-    if out != want:
+    if not declared_agrees(sg.tensors[op.outputs[0]], want):
         raise ModelError(f"CONCATENATION output shape {list(out)} is not {list(want)}, the "
                          f"concatenation of its inputs along axis {axis}", where=where)

@@ -20,6 +20,7 @@ from coralrt._model.types import (
     BUILTIN_CODES, Buffer, Metadata, Model, Operator, OperatorCode, Quantization,
     SignatureDef, Subgraph, Tensor,
 )
+from coralrt._model.prepared_shapes import with_prepared_shapes
 from coralrt._model.validate import validate
 
 __all__ = ["load_model", "read_bytes"]
@@ -58,7 +59,7 @@ def load_model(source) -> Model:
     """
     if isinstance(source, Model):
         validate(source)
-        return source
+        return with_prepared_shapes(source)
     data = read_bytes(source)
     try:
         tree = flatbuf.decode(data)
@@ -69,7 +70,8 @@ def load_model(source) -> Model:
                   flatbuf.FILE_IDENTIFIER)
     model = _build(tree, data)
     validate(model)
-    return model
+    # Dynamic tensors get the shapes LiteRT's Prepare gives them (prepared_shapes.py).
+    return with_prepared_shapes(model)
 
 
 def _name(source) -> str | None:

@@ -10,6 +10,8 @@ protocol, so a session drives it as it drives a CPU backend program.
 
 from __future__ import annotations
 
+import copy
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +20,8 @@ import numpy as np
 
 from coralrt._formats.opnames import BY_OP
 from coralrt._runtime.device import EdgeTpuDevice
-from coralrt.errors import ConfigError, InferenceError, PluginError
+from coralrt.errors import ConfigError, InferenceError, ModelError, PluginError
+from coralrt._model.compiled import operator_origin
 from coralrt._model.custom_options import decode_flexbuffer_map
 from coralrt._model.extract import extract
 from coralrt._model.fixups import with_explicit_biases
@@ -124,6 +127,8 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
     steps: list[Step] = []
     pending: list[int] = []
     plugin_kernels = host.ops.kernels if host is not None else {}
+    # Operator k of the compiled model is operator origin[k] of the user's model.
+    origin = operator_origin(compiled)
 
     def flush() -> None:
         if not pending:
@@ -137,8 +142,11 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
                 piece.model.main.outputs.append(piece.tensor_map[t])
                 outputs.append(t)
         runnable = with_explicit_biases(piece.model) or piece.model
-        program = backend.load(runnable.to_bytes(), num_threads=num_threads,
-                               kernels=cpu_kernels)
+        try:
+            program = backend.load(runnable.to_bytes(), num_threads=num_threads,
+                                   kernels=cpu_kernels)
+        except ModelError as e:
+            raise _renumbered(e, pending, origin) from None
         names = sorted({sg.operators[i].name for i in pending})
         steps.append(Step("cpu", f"cpu: {len(pending)} op(s) ({', '.join(names[:4])}"
                                  f"{', ...' if len(names) > 4 else ''})",
@@ -180,6 +188,26 @@ def build_program(compiled: Model, *, device: EdgeTpuDevice | None, backend,
                           lambda _args: [np.array(a) for _, a in consts]))
     runner = host.run_step if host is not None and host.wraps_steps else None
     return ExecutorProgram(steps, list(sg.inputs), list(sg.outputs), runner)
+
+
+_OPERATOR = re.compile(r"^((?:subgraph 0, )?operator )(\d+)\b")
+
+
+def _renumbered(e: ModelError, pending: list[int], origin: list | None) -> ModelError:
+    """``e``, raised by the CPU backend for a piece of the compiled model made of
+    the operators ``pending``, with its operator named by its index in the
+    user's model (``origin``; without one, in the compiled model) instead of
+    its index in the piece."""
+    m = _OPERATOR.match(e.where or "")
+    if m is None or int(m.group(2)) >= len(pending):
+        return e
+    k = pending[int(m.group(2))]
+    index = origin[k] if origin is not None and origin[k] is not None else k
+    where = f"{m.group(1)}{index}{e.where[m.end():]}"
+    out = copy.copy(e)
+    out.where = where
+    out.args = (f"{where}: {e.message}",)
+    return out
 
 
 def _plugin_step(sg, i: int, kernel) -> Step:

@@ -23,7 +23,9 @@ from coralrt import _config as config
 from coralrt.errors import CompilerUnavailableError, ConfigError, ModelError
 from coralrt._model import Model, load_model
 from coralrt._formats.opnames import DWN1
-from coralrt._model.compiled import compiled_by, expected_plain, host_model, not_on_host
+from coralrt._model.compiled import (
+    AlreadyCompiled, compiled_by, expected_plain, host_model, not_on_host,
+)
 from coralrt._model.fixups import with_explicit_biases
 from coralrt.plugins._host import PluginHost
 from coralrt._runtime.device import EdgeTpuDevice
@@ -206,7 +208,13 @@ def prepare_on_device(target: Target, source, o: Loading,
     if compiler is None:
         raise ConfigError(f"target {name!r}: no compiler for {target.compiler_kind!r} "
                           f"devices is registered")
-    jit = _jit(source, o, compiler, parsed)
+    try:
+        jit = _jit(source, o, compiler, parsed)
+    except AlreadyCompiled as e:
+        # Compiled, though its name does not say so: what runs it, or its plain
+        # model, as the cpu target says and does.
+        source, parsed = _host_runnable(source, e.model, name)
+        jit = _jit(source, o, compiler, parsed)
     if compiled_by(jit.model) != "coralrt":  # no coralrt-segment: nothing for the stick
         log.warning("target '%s': no operator of this model maps to the Edge TPU, so it "
                     "runs entirely on the CPU (%s); see 'coralrt partition' for each "
