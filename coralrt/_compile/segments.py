@@ -154,7 +154,19 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
     if groups != [sorted(s.ops) for s in plan.segments] or cpu_reasons:
         plan = plan_from_groups(model, plan, groups, cpu_reasons=cpu_reasons)
     plan = _with_reports(plan, blobs)
-    code = OperatorCode(CUSTOM, compiler.op_name, 1)
+    compiled, origin = _assembled(model, plan, blobs, compiler.op_name, origin)
+    seconds = time.perf_counter() - start
+    return CompileResult(compiled, plan, blobs, seconds, f"{compiler.id} {compiler.version}",
+                         origin)
+
+
+def _assembled(model: Model, plan: PartitionPlan, blobs: list, op_name: str,
+               origin: list[int | None] | None) -> tuple[Model, list[int | None]]:
+    """The compiled model: each segment of ``plan`` replaced by one ``op_name``
+    operator holding its program, in a topological order; and, per operator of
+    it, its index in the user's model (None for a segment)."""
+    sg = model.main
+    code = OperatorCode(CUSTOM, op_name, 1)
     nodes: dict[int, Operator] = {}  # first op index of a node -> the operator that replaces it
     seg_of = {i: s for s in plan.segments for i in s.ops}
     for i, op in enumerate(sg.operators):
@@ -178,9 +190,7 @@ def compile_model(model: Model, *, mode: str = "multi", compiler: Compiler | Non
                      version=model.version,
                      metadata=with_operator_origin(list(model.metadata), origin),
                      signatures=signatures)
-    seconds = time.perf_counter() - start
-    return CompileResult(compiled, plan, blobs, seconds, f"{compiler.id} {compiler.version}",
-                         origin)
+    return compiled, origin
 
 
 def _not_mapped(sg: Subgraph, ops: list[int], e: SegmentNotMapped, cpu_reasons: dict,
