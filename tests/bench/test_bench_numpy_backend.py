@@ -19,8 +19,11 @@ pytestmark = pytest.mark.bench
 
 #: key -> shared model; the keys are the ones tests/bench/conftest.py reports.
 MODELS = {"mobilenet_v2": "mobilenet_v2_1.0_224_quant.tflite",
+          "mobilenet_v2_int8_tf2": "tf2_mobilenet_v2_1.0_224_ptq.tflite",
+          "deeplabv3": "deeplabv3_mnv2_dm05_pascal_quant.tflite",
           "ssd_head": "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite"}
-ROUNDS, WARMUP = {"mobilenet_v2": 30, "ssd_head": 100}, 3
+ROUNDS = {"mobilenet_v2": 30, "mobilenet_v2_int8_tf2": 30, "deeplabv3": 8, "ssd_head": 100}
+WARMUP = 3
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -1,0 +1,227 @@
+"""Kernel factories over the compiled loops: ``conv_2d(ctx)``, ``depthwise_conv_2d(ctx)``
+and ``fully_connected(ctx)`` return a sim kernel's ``run``, or None when the NumPy
+kernel is to run instead (compiled kernels off or unavailable, or an operator
+outside what the loops reproduce exactly).  They never raise for a model the
+NumPy kernel would refuse: they leave it to the NumPy kernel, which raises
+the usual error.
+
+What the loops need from the operator is what the NumPy kernels use
+(coralrt/_sim/kernels/gemm.py): the geometry, the weights with their offset
+(uint8: the weights' zero point; int8: none, as the per-channel reference
+kernels ignore it), and the fixed-point multipliers of
+``GetQuantizedConvolutionMultipler`` (float32 scale product for uint8, double
+for int8) split into left and right shifts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coralrt.errors import CoralRTError
+from coralrt._ops.arith.requant import may_wrap
+from coralrt._ops.fused import activation_range
+from coralrt._sim.compiled import jit
+from coralrt._sim.kernels import OpContext, Run
+from coralrt._ops.arith.scratch import TEMPORARIES
+from coralrt._sim.kernels.gemm import (
+    _BAND_ELEMENTS, _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
+)
+
+__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected"]
+
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
+    """(weights minus offset as int64, bias int32, m, ls, rs, zp, lo, hi, x_zp) or None."""
+    x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    in_dtype, out_dtype = ctx.dtype(x_t), ctx.dtype(out_t)
+    if in_dtype not in _EIGHT_BIT or out_dtype != in_dtype:
+        return None
+    channels = w.shape[channel_axis]
+    w_scales, w_zps = ctx.quant(w_t)
+    uint8 = in_dtype == np.dtype(np.uint8)
+    if w_scales.size not in (1, channels) or (uint8 and w_scales.size > 1):
+        return None
+    mult, shift = _multiplier(ctx.scale(x_t), w_scales[:1] if uint8 else w_scales,
+                              ctx.scale(out_t), float_product=uint8)
+    if (shift > 31).any() or (shift < -31).any():
+        return None
+    zp = ctx.zero_point(out_t)
+    lo, hi = activation_range(ctx, int(ctx.params.get("fused_activation_function", 0)),
+                              ctx.scale(out_t), zp, out_dtype)
+    w_offset = int(w_zps[0]) if uint8 and w_zps.size else 0
+    wi = w.astype(np.int64) - w_offset
+    x_zp = ctx.zero_point(x_t)
+    acc_bound = (np.abs(np.moveaxis(wi, channel_axis, 0).reshape(channels, -1)).sum(axis=1)
+                 * _max_abs_input(in_dtype, x_zp))
+    bias = _bias(ctx, bias_index, channels, "")
+    if may_wrap(bias, acc_bound):        # the int32 accumulator could wrap: NumPy kernel
+        return None
+    full = np.ones(channels, np.int64)
+    return dict(w=wi, bias=(np.zeros(channels, np.int32) if bias is None
+                            else bias.astype(np.int32)),
+                m=np.ascontiguousarray(mult * full), ls=np.maximum(shift, 0) * full,
+                rs=np.maximum(-shift, 0) * full, zp=int(zp), lo=int(lo), hi=int(hi),
+                x_zp=int(x_zp), dtype=out_dtype)
+
+
+def conv_2d(ctx: OpContext) -> Run | None:
+    loops = jit()
+    if loops is None:
+        return None
+    x_t, out_t = ctx.inputs[0], ctx.outputs[0]
+    w = ctx.const(1)
+    if w is None or w.ndim != 4 or w.shape[3] != x_t.shape[3]:
+        return None
+    oc, kh, kw, _ = w.shape
+    try:
+        sh, sw, dh, dw, oh, ow, pt, pl, _, _ = _conv_geometry(ctx, "CONV_2D", x_t.shape, kh, kw,
+                                                              out_t.shape)
+        q = _setup(ctx, w, 0, 2)
+    except CoralRTError:                 # the NumPy kernel raises it again, with context
+        return None
+    if q is None:
+        return None
+    shape = tuple(out_t.shape)
+    if kh == 1 and kw == 1 and pt == 0 and pl == 0:
+        run = _pointwise(loops, q, x_t.shape, shape, sh, sw)
+        if run is not None:
+            return run
+    wt = np.ascontiguousarray(q["w"].transpose(1, 2, 3, 0), np.int32)   # (kh, kw, c, oc)
+    args = (wt, q["bias"], q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["ls"], q["rs"],
+            q["zp"], q["lo"], q["hi"])
+    conv, dtype = loops.conv_2d, q["dtype"]
+
+    def run(inputs):
+        out = np.empty(shape, dtype)
+        conv(np.ascontiguousarray(inputs[0]), *args, out)
+        return [out]
+
+    return run
+
+
+def _pointwise(loops, q, in_shape, shape, sh: int, sw: int) -> Run | None:
+    """A 1x1 convolution as one float32 BLAS product per band of output rows, exact
+    when every partial sum is an integer below 2^24 (else None: the direct loop),
+    then the compiled requantization of the band's accumulators."""
+    w = q["w"].reshape(q["w"].shape[0], -1)             # (oc, c)
+    x_max = _max_abs_input(q["dtype"], q["x_zp"])
+    if int(np.abs(w).sum(axis=1).max(initial=0)) * x_max >= _F32_EXACT:
+        return None
+    b = np.ascontiguousarray(w.T, np.float32)           # (c, oc)
+    n, oh, ow, oc = shape
+    c = in_shape[3]
+    band = max(1, _BAND_ELEMENTS // max(ow * max(c, oc), 1))     # output rows per band
+    bias = q["bias"].astype(np.int64)
+    req = (bias, q["m"], q["ls"], q["rs"], q["zp"], q["lo"], q["hi"])
+    to_float32, requant, x_zp, dtype = loops.to_float32, loops.requant_rows, q["x_zp"], q["dtype"]
+
+    def run(inputs):
+        x = inputs[0]
+        if sh != 1 or sw != 1:
+            x = x[:, ::sh, ::sw]
+        x = np.ascontiguousarray(x)
+        out = np.empty(shape, dtype)
+        for bi in range(n):
+            for y0 in range(0, oh, band):
+                y1 = min(oh, y0 + band)
+                r = (y1 - y0) * ow
+                a = TEMPORARIES.array("compiled.a", (r, c), np.float32)
+                acc = TEMPORARIES.array("compiled.acc", (r, oc), np.float32)
+                to_float32(x[bi, y0:y1].reshape(r, c), x_zp, a)
+                np.matmul(a, b, out=acc)
+                requant(acc, *req, out[bi, y0:y1].reshape(r, oc))
+        return [out]
+
+    return run
+
+
+def depthwise_conv_2d(ctx: OpContext) -> Run | None:
+    loops = jit()
+    if loops is None:
+        return None
+    x_t, out_t = ctx.inputs[0], ctx.outputs[0]
+    w = ctx.const(1)
+    if w is None or w.ndim != 4:
+        return None
+    _, kh, kw, oc = w.shape
+    c = x_t.shape[3]
+    if c == 0 or oc % c:
+        return None
+    try:
+        sh, sw, dh, dw, oh, ow, pt, pl, _, _ = _conv_geometry(ctx, "DEPTHWISE_CONV_2D",
+                                                              x_t.shape, kh, kw, out_t.shape)
+        q = _setup(ctx, w, 3, 2)
+    except CoralRTError:
+        return None
+    if q is None:
+        return None
+    wt = np.ascontiguousarray(q["w"].reshape(kh, kw, oc), np.int32)
+    shape = tuple(out_t.shape)
+    args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["ls"],
+            q["rs"], q["zp"], q["lo"], q["hi"])
+    depthwise, dtype = loops.depthwise_conv_2d, q["dtype"]
+
+    def run(inputs):
+        out = np.empty(shape, dtype)
+        depthwise(np.ascontiguousarray(inputs[0]), *args, out)
+        return [out]
+
+    return run
+
+
+def fully_connected(ctx: OpContext, double_rounding: bool = True) -> Run | None:
+    """``double_rounding``: the reference kernel's ``round(acc * double scale)``
+    (LiteRT 2.x); the fixed-point form is left to the NumPy kernel."""
+    loops = jit()
+    if loops is None or not double_rounding:
+        return None
+    x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    p = ctx.params
+    w = ctx.const(1)
+    in_dtype = ctx.dtype(x_t)
+    if (w is None or w.ndim != 2 or int(p.get("weights_format", 0)) != 0
+            or in_dtype not in _EIGHT_BIT or ctx.dtype(out_t) != in_dtype):
+        return None
+    units, depth = w.shape
+    size = int(np.prod(x_t.shape, dtype=np.int64))
+    if depth == 0 or size % depth:
+        return None
+    batch = size // depth
+    want = tuple(x_t.shape[:-1]) + (units,) if p.get("keep_num_dims", False) else (batch, units)
+    if tuple(want) != tuple(out_t.shape):
+        return None
+    w_scales, w_zps = ctx.quant(w_t)
+    per_channel = w_scales.size > 1
+    if per_channel and (in_dtype != np.dtype(np.int8) or w_scales.size != units):
+        return None
+    try:
+        zp = ctx.zero_point(out_t)
+        lo, hi = activation_range(ctx, int(p.get("fused_activation_function", 0)),
+                                  ctx.scale(out_t), zp, in_dtype)
+        bias = _bias(ctx, 2, units, "FULLY_CONNECTED")
+    except CoralRTError:
+        return None
+    w_offset = 0 if per_channel else (int(w_zps[0]) if w_zps.size else 0)
+    wi = w.astype(np.int64) - w_offset
+    x_zp = ctx.zero_point(x_t)
+    acc_bound = np.abs(wi).sum(axis=1) * _max_abs_input(in_dtype, x_zp)
+    if may_wrap(bias, acc_bound):
+        return None
+    eff = float(ctx.scale(x_t)) * w_scales.astype(np.float64) / float(ctx.scale(out_t))
+    eff = np.ascontiguousarray(np.broadcast_to(eff, (units,)))
+    b64 = np.zeros(units, np.int64) if bias is None else bias.astype(np.int64)
+    worst = (acc_bound + np.abs(b64)) * np.abs(eff)
+    if not np.all(np.isfinite(worst)) or worst.max(initial=0) >= 2.0**31 - 1:
+        return None                      # round() past int32: the NumPy kernel's edge case
+    wt = np.ascontiguousarray(wi, np.int32)
+    fc = loops.fully_connected
+
+    def run(inputs):
+        out = np.empty((batch, units), in_dtype)
+        fc(np.ascontiguousarray(inputs[0]).reshape(batch, depth), wt, b64, x_zp, eff, int(zp),
+           int(lo), int(hi), out)
+        return [out.reshape(want)]
+
+    return run
