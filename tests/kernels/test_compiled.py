@@ -142,3 +142,67 @@ def test_doctor_says_which_kernels_run(forced_off, monkeypatch):
         assert found.startswith("NumPy (")
     else:
         assert found.startswith("compiled (numba ") and "first use in this process" in found
+
+
+# Each loop of the compiled kernels, on an operator it takes: the factory must
+# choose it (not leave the operator to NumPy) and match BUILTIN_REF.
+LOOPS = [
+    # (operator, input shape, weights shape, options)
+    ("CONV_2D", (1, 9, 9, 8), (12, 1, 1, 8), dict(stride_h=1, stride_w=1)),        # 1x1, BLAS
+    ("CONV_2D", (1, 9, 9, 3), (6, 3, 3, 3), dict(stride_h=2, stride_w=2)),        # im2col
+    ("CONV_2D", (1, 9, 11, 4), (5, 3, 2, 4), dict(stride_h=1, stride_w=2,
+                                                  dilation_h_factor=2, dilation_w_factor=3)),
+    ("CONV_2D", (1, 5, 5, 300), (3, 3, 3, 300), dict(stride_h=1, stride_w=1)),    # int loop
+    ("DEPTHWISE_CONV_2D", (1, 8, 8, 10), (1, 3, 3, 10), dict(stride_h=1, stride_w=1,
+                                                             depth_multiplier=1)),
+    ("DEPTHWISE_CONV_2D", (1, 9, 9, 4), (1, 3, 3, 4), dict(stride_h=2, stride_w=1,
+                                                           dilation_h_factor=2,
+                                                           depth_multiplier=1)),
+    ("DEPTHWISE_CONV_2D", (1, 7, 6, 3), (1, 5, 2, 6), dict(stride_h=1, stride_w=2,
+                                                           depth_multiplier=2)),
+    ("FULLY_CONNECTED", (2, 40), (7, 40), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op, x_shape, w_shape, options", LOOPS)
+def test_each_compiled_loop_is_chosen_and_exact(op, x_shape, w_shape, options, dtype,
+                                                monkeypatch):
+    _need_compiled()
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    from coralrt._ops.arith.common import compute_out_size
+    rng = np.random.default_rng(len(x_shape) * 7 + w_shape[0])
+    uint8 = dtype == np.uint8
+    channels = w_shape[3] if op == "DEPTHWISE_CONV_2D" else w_shape[0]
+    per_channel = not uint8 and op != "FULLY_CONNECTED"
+    b = ModelBuilder()
+    x = b.input("x", x_shape, dtype, scale=0.03, zero_point=7 if uint8 else -5)
+    w_scales = (rng.uniform(0.002, 0.02, channels).astype(np.float32) if per_channel
+                else 0.01)
+    lo, hi = (0, 255) if uint8 else (-127, 127)
+    w = b.constant("w", rng.integers(lo, hi + 1, w_shape).astype(dtype), scale=w_scales,
+                   zero_point=120 if uint8 else 0, axis=3 if op == "DEPTHWISE_CONV_2D" else 0)
+    bias_scale = np.float32(0.03) * np.asarray(w_scales, np.float32)
+    bias = b.constant("b", rng.integers(-5000, 5000, channels).astype(np.int32),
+                      scale=bias_scale if per_channel else float(bias_scale), zero_point=0)
+    if op == "FULLY_CONNECTED":
+        out_shape = (x_shape[0], w_shape[0])
+    else:
+        opts = {"dilation_h_factor": 1, "dilation_w_factor": 1, **options}
+        options = dict(opts, padding="SAME")
+        oh = compute_out_size(0, x_shape[1], w_shape[1], opts["stride_h"],
+                              opts["dilation_h_factor"])
+        ow = compute_out_size(0, x_shape[2], w_shape[2], opts["stride_w"],
+                              opts["dilation_w_factor"])
+        out_shape = (1, oh, ow, channels)
+    depth = int(np.prod(w_shape[1:]))
+    y = b.tensor("y", out_shape, dtype, scale=0.03 * 0.01 * 40 * np.sqrt(depth),
+                 zero_point=3 if uint8 else -2)
+    b.op(op, [x, w, bias], [y], **options)
+    b.output(y)
+    data = b.build().to_bytes()
+    assert _step_modules(data) == ["coralrt._sim.compiled.ops"]
+    inputs = [rng.integers(lo, hi + 1, x_shape).astype(dtype)]
+    runner = SegmentRunner(build_segment(load_model(data)))
+    np.testing.assert_array_equal(runner.run(inputs)[0],
+                                  run_litert(data, inputs, kernels="reference")[0])

@@ -33,7 +33,8 @@ _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
-    """(weights minus offset as int64, bias int32, m, ls, rs, zp, lo, hi, x_zp) or None."""
+    """The loops' operands (weights minus offset as int64; bias, multipliers, right
+    shifts, zero points and bounds as int32), or None for the NumPy kernel."""
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     in_dtype, out_dtype = ctx.dtype(x_t), ctx.dtype(out_t)
     if in_dtype not in _EIGHT_BIT or out_dtype != in_dtype:
@@ -45,8 +46,8 @@ def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
         return None
     mult, shift = _multiplier(ctx.scale(x_t), w_scales[:1] if uint8 else w_scales,
                               ctx.scale(out_t), float_product=uint8)
-    if (shift > 31).any() or (shift < -31).any():
-        return None
+    if (shift > 0).any() or (shift < -31).any():
+        return None      # multipliers above 1 (left shifts): the NumPy kernel
     zp = ctx.zero_point(out_t)
     lo, hi = activation_range(ctx, int(ctx.params.get("fused_activation_function", 0)),
                               ctx.scale(out_t), zp, out_dtype)
@@ -59,11 +60,10 @@ def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
     if may_wrap(bias, acc_bound):        # the int32 accumulator could wrap: NumPy kernel
         return None
     full = np.ones(channels, np.int64)
-    return dict(w=wi, bias=(np.zeros(channels, np.int32) if bias is None
-                            else bias.astype(np.int32)),
-                m=np.ascontiguousarray(mult * full), ls=np.maximum(shift, 0) * full,
-                rs=np.maximum(-shift, 0) * full, zp=int(zp), lo=int(lo), hi=int(hi),
-                x_zp=int(x_zp), dtype=out_dtype)
+    i32 = np.int32
+    return dict(w=wi, bias=(np.zeros(channels, i32) if bias is None else bias.astype(i32)),
+                m=(mult * full).astype(i32), rs=(-shift * full).astype(i32), zp=i32(zp),
+                lo=i32(lo), hi=i32(hi), x_zp=i32(x_zp), dtype=out_dtype)
 
 
 def conv_2d(ctx: OpContext) -> Run | None:
@@ -84,13 +84,13 @@ def conv_2d(ctx: OpContext) -> Run | None:
     if q is None:
         return None
     shape = tuple(out_t.shape)
-    if kh == 1 and kw == 1 and pt == 0 and pl == 0:
-        run = _pointwise(loops, q, x_t.shape, shape, sh, sw)
-        if run is not None:
-            return run
-    wt = np.ascontiguousarray(q["w"].transpose(1, 2, 3, 0), np.int32)   # (kh, kw, c, oc)
-    args = (wt, q["bias"], q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["ls"], q["rs"],
-            q["zp"], q["lo"], q["hi"])
+    run = _gemm_conv(loops, q, x_t.shape, shape, (kh, kw, sh, sw, dh, dw, pt, pl))
+    if run is not None:
+        return run
+    # (kh * kw * c, oc): one row per tap and input channel
+    wt = np.ascontiguousarray(q["w"].transpose(1, 2, 3, 0).reshape(-1, oc), np.int32)
+    args = (wt, kh, kw, q["bias"], q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"],
+            q["lo"], q["hi"])
     conv, dtype = loops.conv_2d, q["dtype"]
 
     def run(inputs):
@@ -101,25 +101,30 @@ def conv_2d(ctx: OpContext) -> Run | None:
     return run
 
 
-def _pointwise(loops, q, in_shape, shape, sh: int, sw: int) -> Run | None:
-    """A 1x1 convolution as one float32 BLAS product per band of output rows, exact
-    when every partial sum is an integer below 2^24 (else None: the direct loop),
-    then the compiled requantization of the band's accumulators."""
-    w = q["w"].reshape(q["w"].shape[0], -1)             # (oc, c)
-    x_max = _max_abs_input(q["dtype"], q["x_zp"])
-    if int(np.abs(w).sum(axis=1).max(initial=0)) * x_max >= _F32_EXACT:
+def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
+    """The convolution as one float32 BLAS product per band of output rows (inputs
+    laid out by a compiled im2col, or converted in place for 1x1 windows), exact
+    when every partial sum is an integer below 2^24 (else None: the integer
+    loop), then the compiled requantization of the band's accumulators."""
+    kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    w = q["w"]                                                    # (oc, kh, kw, c)
+    oc = w.shape[0]
+    wk = w.transpose(1, 2, 3, 0).reshape(-1, oc)                  # (kh * kw * c, oc)
+    if int(np.abs(wk).sum(axis=0).max(initial=0)) * _max_abs_input(q["dtype"], q["x_zp"]) \
+            >= _F32_EXACT:
         return None
-    b = np.ascontiguousarray(w.T, np.float32)           # (c, oc)
-    n, oh, ow, oc = shape
-    c = in_shape[3]
-    band = max(1, _BAND_ELEMENTS // max(ow * max(c, oc), 1))     # output rows per band
-    bias = q["bias"].astype(np.int64)
-    req = (bias, q["m"], q["ls"], q["rs"], q["zp"], q["lo"], q["hi"])
-    to_float32, requant, x_zp, dtype = loops.to_float32, loops.requant_rows, q["x_zp"], q["dtype"]
+    b = np.ascontiguousarray(wk, np.float32)
+    n, oh, ow, _ = shape
+    depth = b.shape[0]
+    pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
+    band = max(1, _BAND_ELEMENTS // max(ow * max(depth, oc), 1))   # output rows per band
+    req = (q["bias"], q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
+    x_zp, dtype = q["x_zp"], q["dtype"]
+    to_float32, im2col, requant = loops.to_float32, loops.im2col_float32, loops.requant_rows
 
     def run(inputs):
         x = inputs[0]
-        if sh != 1 or sw != 1:
+        if pointwise and (sh != 1 or sw != 1):
             x = x[:, ::sh, ::sw]
         x = np.ascontiguousarray(x)
         out = np.empty(shape, dtype)
@@ -127,9 +132,12 @@ def _pointwise(loops, q, in_shape, shape, sh: int, sw: int) -> Run | None:
             for y0 in range(0, oh, band):
                 y1 = min(oh, y0 + band)
                 r = (y1 - y0) * ow
-                a = TEMPORARIES.array("compiled.a", (r, c), np.float32)
+                a = TEMPORARIES.array("compiled.a", (r, depth), np.float32)
                 acc = TEMPORARIES.array("compiled.acc", (r, oc), np.float32)
-                to_float32(x[bi, y0:y1].reshape(r, c), x_zp, a)
+                if pointwise:
+                    to_float32(x[bi, y0:y1].reshape(r, depth), x_zp, a)
+                else:
+                    im2col(x, bi, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, a)
                 np.matmul(a, b, out=acc)
                 requant(acc, *req, out[bi, y0:y1].reshape(r, oc))
         return [out]
@@ -159,8 +167,20 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
         return None
     wt = np.ascontiguousarray(q["w"].reshape(kh, kw, oc), np.int32)
     shape = tuple(out_t.shape)
-    args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["ls"],
-            q["rs"], q["zp"], q["lo"], q["hi"])
+    if kh == 3 and kw == 3 and oc == c:
+        taps = np.ascontiguousarray(wt.reshape(9, oc))
+        args = (taps, q["bias"], taps.sum(axis=0, dtype=np.int32), q["x_zp"], sh, sw, dh, dw,
+                pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
+        dw3, dtype = loops.depthwise_3x3, q["dtype"]
+
+        def run3(inputs):
+            out = np.empty(shape, dtype)
+            dw3(np.ascontiguousarray(inputs[0]), *args, out)
+            return [out]
+
+        return run3
+    args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["rs"],
+            q["zp"], q["lo"], q["hi"])
     depthwise, dtype = loops.depthwise_conv_2d, q["dtype"]
 
     def run(inputs):

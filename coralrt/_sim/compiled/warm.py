@@ -11,18 +11,20 @@ __all__ = ["warm_up"]
 
 
 def warm_up(jit) -> None:
-    i64 = np.zeros(2, np.int64)
+    i32 = np.int32
+    m, rs, bias = np.full(2, 1 << 30, i32), np.zeros(2, i32), np.zeros(2, i32)
+    q = (m, rs, i32(0), i32(-128), i32(127))
     for dt in (np.uint8, np.int8):
         x = np.zeros((1, 2, 2, 2), dt)
         out = np.empty((1, 2, 2, 2), dt)
-        bias = np.zeros(2, np.int32)
-        jit.conv_2d(x, np.zeros((1, 1, 2, 2), np.int32), bias, 0, 1, 1, 1, 1, 0, 0,
-                    i64 + (1 << 30), i64, i64, 0, -128, 127, out)
-        jit.depthwise_conv_2d(x, np.zeros((1, 1, 2), np.int32), bias, 0, 1, 1, 1, 1, 1, 0, 0,
-                              i64 + (1 << 30), i64, i64, 0, -128, 127, out)
-        jit.fully_connected(np.zeros((1, 2), dt), np.zeros((2, 2), np.int32), i64, 0,
-                            np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
+        jit.conv_2d(x, np.zeros((2, 2), i32), 1, 1, bias, i32(0), 1, 1, 1, 1, 0, 0, *q, out)
+        jit.depthwise_conv_2d(x, np.zeros((1, 1, 2), i32), bias, i32(0), 1, 1, 1, 1, 1, 0, 0,
+                              *q, out)
+        jit.depthwise_3x3(x, np.zeros((9, 2), i32), bias, bias, i32(0), 1, 1, 1, 1, 1, 1, *q,
+                          out)
         a = np.zeros((2, 2), np.float32)
-        jit.to_float32(np.zeros((2, 2), dt), 0, a)
-        jit.requant_rows(a, np.zeros(2, np.int64), i64 + (1 << 30), i64, i64, 0, -128, 127,
-                         np.empty((2, 2), dt))
+        jit.to_float32(np.zeros((2, 2), dt), i32(0), a)
+        jit.im2col_float32(x, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, i32(0), a)
+        jit.requant_rows(a, bias, *q, np.empty((2, 2), dt))
+        jit.fully_connected(np.zeros((1, 2), dt), np.zeros((2, 2), i32), np.zeros(2, np.int64),
+                            0, np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
