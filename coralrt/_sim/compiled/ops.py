@@ -10,7 +10,7 @@ What the loops need from the operator is what the NumPy kernels use
 (uint8: the weights' zero point; int8: none, as the per-channel reference
 kernels ignore it), and the fixed-point multipliers of
 ``GetQuantizedConvolutionMultipler`` (float32 scale product for uint8, double
-for int8) split into left and right shifts.
+for int8) as right shifts; multipliers above 1 stay with the NumPy kernel.
 """
 
 from __future__ import annotations
