@@ -206,3 +206,20 @@ def test_each_compiled_loop_is_chosen_and_exact(op, x_shape, w_shape, options, d
     runner = SegmentRunner(build_segment(load_model(data)))
     np.testing.assert_array_equal(runner.run(inputs)[0],
                                   run_litert(data, inputs, kernels="reference")[0])
+
+
+def test_read_only_and_strided_inputs_compile_nothing_more(monkeypatch):
+    """Inputs of any layout run on the variants compiled up front (no compile stall)."""
+    _need_compiled()
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    loops = compiled.jit()
+    names = ("conv_2d", "depthwise_conv_2d", "depthwise_3x3", "im2col_float32", "to_float32",
+             "requant_rows", "fully_connected")
+    before = {n: len(getattr(loops, n).signatures) for n in names}
+    data = _conv_model(np.int8)
+    x = (np.arange(216) % 256 - 128).astype(np.int8).reshape(1, 6, 12, 3)[:, :, ::2]
+    x.setflags(write=False)
+    got = SegmentRunner(build_segment(load_model(data))).run([x])[0]
+    assert {n: len(getattr(loops, n).signatures) for n in names} == before
+    np.testing.assert_array_equal(got, run_litert(data, [np.ascontiguousarray(x)],
+                                                  kernels="reference")[0])

@@ -32,6 +32,15 @@ __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected"]
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
+def _plain(x: np.ndarray) -> np.ndarray:
+    """``x`` as a writeable C-contiguous array, the layout the loops were compiled
+    for (a read-only or strided input would make numba compile another variant
+    on first use)."""
+    if x.flags.c_contiguous and x.flags.writeable:
+        return x
+    return np.array(x, order="C")
+
+
 def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
     """The loops' operands (weights minus offset as int64; bias, multipliers, right
     shifts, zero points and bounds as int32), or None for the NumPy kernel."""
@@ -95,7 +104,7 @@ def conv_2d(ctx: OpContext) -> Run | None:
 
     def run(inputs):
         out = np.empty(shape, dtype)
-        conv(np.ascontiguousarray(inputs[0]), *args, out)
+        conv(_plain(inputs[0]), *args, out)
         return [out]
 
     return run
@@ -126,7 +135,7 @@ def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
         x = inputs[0]
         if pointwise and (sh != 1 or sw != 1):
             x = x[:, ::sh, ::sw]
-        x = np.ascontiguousarray(x)
+        x = _plain(x)
         out = np.empty(shape, dtype)
         for bi in range(n):
             for y0 in range(0, oh, band):
@@ -175,7 +184,7 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
 
         def run3(inputs):
             out = np.empty(shape, dtype)
-            dw3(np.ascontiguousarray(inputs[0]), *args, out)
+            dw3(_plain(inputs[0]), *args, out)
             return [out]
 
         return run3
@@ -185,7 +194,7 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
 
     def run(inputs):
         out = np.empty(shape, dtype)
-        depthwise(np.ascontiguousarray(inputs[0]), *args, out)
+        depthwise(_plain(inputs[0]), *args, out)
         return [out]
 
     return run
@@ -240,7 +249,7 @@ def fully_connected(ctx: OpContext, double_rounding: bool = True) -> Run | None:
 
     def run(inputs):
         out = np.empty((batch, units), in_dtype)
-        fc(np.ascontiguousarray(inputs[0]).reshape(batch, depth), wt, b64, x_zp, eff, int(zp),
+        fc(_plain(inputs[0]).reshape(batch, depth), wt, b64, x_zp, eff, int(zp),
            int(lo), int(hi), out)
         return [out.reshape(want)]
 
