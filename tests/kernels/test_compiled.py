@@ -164,12 +164,17 @@ LOOPS = [
 ]
 
 
+@pytest.mark.parametrize("float32_sums", [True, False])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("op, x_shape, w_shape, options", LOOPS)
 def test_each_compiled_loop_is_chosen_and_exact(op, x_shape, w_shape, options, dtype,
-                                                monkeypatch):
+                                                float32_sums, monkeypatch):
+    """``float32_sums=False`` forbids the float32 sums, so the int32 loops run."""
     _need_compiled()
     monkeypatch.delenv(compiled.ENV, raising=False)
+    if not float32_sums:
+        from coralrt._sim.compiled import ops
+        monkeypatch.setattr(ops, "F32_EXACT", 0)
     from coralrt._ops.arith.common import compute_out_size
     rng = np.random.default_rng(len(x_shape) * 7 + w_shape[0])
     uint8 = dtype == np.uint8

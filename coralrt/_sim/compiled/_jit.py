@@ -71,10 +71,9 @@ def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
                 iy = iy0 + ky * dh
                 inside = 0 <= iy < h
                 if inside and cols_in:        # the window row is kw * c contiguous values
-                    src = x2[b, iy]
                     s0 = ix0 * c
                     for j in range(kw * c):
-                        out[r, k + j] = np.float32(np.int32(src[s0 + j]) - x_zp)
+                        out[r, k + j] = np.float32(np.int32(x2[b, iy, s0 + j]) - x_zp)
                     k += kw * c
                     continue
                 for kx in range(kw):
@@ -94,9 +93,9 @@ def requant_rows(acc, bias, m, rs, zp, lo, hi, out):
     """acc (rows, oc) float32 holding exact integers (a GEMM's sums, without bias)."""
     rows, oc = acc.shape
     for r in range(rows):
-        ar, orow = acc[r], out[r]
         for o in range(oc):
-            orow[o] = _requant(np.int32(np.int32(ar[o]) + bias[o]), m[o], rs[o], zp, lo, hi)
+            out[r, o] = _requant(np.int32(np.int32(acc[r, o]) + bias[o]), m[o], rs[o], zp, lo,
+                                 hi)
 
 
 @njit(cache=True, nogil=True)
@@ -187,38 +186,55 @@ def depthwise_conv_2d(x, wt, bias, x_zp, dm, sh, sw, dh, dw, pt, pl, m, rs, zp, 
                 _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
 
 
-@njit(cache=True, nogil=True)
-def depthwise_3x3(x, wt, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi, out):
-    """A 3x3 depthwise convolution with multiplier 1: wt (9, c) int32 (row-major taps),
-    wsum (c) the sums of each channel's taps.  Where all nine taps are inside the
-    input, each output is one pass over the channels, sum(x * w) - x_zp * sum(w)
-    plus the bias; at the borders the taps outside are skipped (they would read
-    the zero point and add 0)."""
+@njit(cache=True, nogil=True, fastmath=True)     # fastmath: only the exact float32 sums
+def depthwise_3x3(x, wt, wf, f32, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi,
+                  out):
+    """A 3x3 depthwise convolution with multiplier 1: wt (9, c) int32 (row-major taps)
+    and the same as float32 ``wf``, wsum (c) the sums of each channel's taps.
+    Where all nine taps are inside the input, each output is one pass over the
+    channels, sum(x * w) - x_zp * sum(w) plus the bias, in float32 when ``f32``
+    (the caller's bound proves it exact) else in int32; at the borders the taps
+    outside are skipped (they would read the zero point and add 0)."""
     n, h, w, c = x.shape
     oh, ow = out.shape[1], out.shape[2]
     acc = np.empty(c, np.int32)
-    base = bias - x_zp * wsum
-    w0, w1, w2, w3, w4, w5, w6, w7, w8 = (wt[0], wt[1], wt[2], wt[3], wt[4], wt[5], wt[6],
-                                          wt[7], wt[8])
+    base = np.empty(c, np.int32)
+    for o in range(c):
+        base[o] = np.int32(bias[o] - x_zp * wsum[o])
+    basef = base.astype(np.float32)
     for b in range(n):
         for oy in range(oh):
             iy0 = oy * sh - pt
             rows_in = iy0 >= 0 and iy0 + 2 * dh < h
             for ox in range(ow):
                 ix0 = ox * sw - pl
-                orow = out[b, oy, ox]
                 if rows_in and ix0 >= 0 and ix0 + 2 * dw < w:
-                    r0, r1, r2 = x[b, iy0], x[b, iy0 + dh], x[b, iy0 + 2 * dh]
-                    a0, a1, a2 = r0[ix0], r0[ix0 + dw], r0[ix0 + 2 * dw]
-                    a3, a4, a5 = r1[ix0], r1[ix0 + dw], r1[ix0 + 2 * dw]
-                    a6, a7, a8 = r2[ix0], r2[ix0 + dw], r2[ix0 + 2 * dw]
-                    for o in range(c):
-                        v = (base[o] + np.int32(a0[o]) * w0[o] + np.int32(a1[o]) * w1[o]
-                             + np.int32(a2[o]) * w2[o] + np.int32(a3[o]) * w3[o]
-                             + np.int32(a4[o]) * w4[o] + np.int32(a5[o]) * w5[o]
-                             + np.int32(a6[o]) * w6[o] + np.int32(a7[o]) * w7[o]
-                             + np.int32(a8[o]) * w8[o])
-                        orow[o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
+                    # Indexed directly: views would cost reference counting per pixel.
+                    iy1, iy2, ix1, ix2 = iy0 + dh, iy0 + 2 * dh, ix0 + dw, ix0 + 2 * dw
+                    if f32:
+                        for o in range(c):
+                            v = (basef[o] + np.float32(x[b, iy0, ix0, o]) * wf[0, o]
+                                 + np.float32(x[b, iy0, ix1, o]) * wf[1, o]
+                                 + np.float32(x[b, iy0, ix2, o]) * wf[2, o]
+                                 + np.float32(x[b, iy1, ix0, o]) * wf[3, o]
+                                 + np.float32(x[b, iy1, ix1, o]) * wf[4, o]
+                                 + np.float32(x[b, iy1, ix2, o]) * wf[5, o]
+                                 + np.float32(x[b, iy2, ix0, o]) * wf[6, o]
+                                 + np.float32(x[b, iy2, ix1, o]) * wf[7, o]
+                                 + np.float32(x[b, iy2, ix2, o]) * wf[8, o])
+                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
+                    else:
+                        for o in range(c):
+                            v = (base[o] + np.int32(x[b, iy0, ix0, o]) * wt[0, o]
+                                 + np.int32(x[b, iy0, ix1, o]) * wt[1, o]
+                                 + np.int32(x[b, iy0, ix2, o]) * wt[2, o]
+                                 + np.int32(x[b, iy1, ix0, o]) * wt[3, o]
+                                 + np.int32(x[b, iy1, ix1, o]) * wt[4, o]
+                                 + np.int32(x[b, iy1, ix2, o]) * wt[5, o]
+                                 + np.int32(x[b, iy2, ix0, o]) * wt[6, o]
+                                 + np.int32(x[b, iy2, ix1, o]) * wt[7, o]
+                                 + np.int32(x[b, iy2, ix2, o]) * wt[8, o])
+                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
                     continue
                 acc[:] = bias
                 for ky in range(3):
@@ -233,7 +249,7 @@ def depthwise_3x3(x, wt, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo
                         wr = wt[ky * 3 + kx]
                         for o in range(c):
                             acc[o] += (np.int32(xr[o]) - x_zp) * wr[o]
-                _requant_row(acc, m, rs, zp, lo, hi, orow)
+                _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
 
 
 @njit(cache=True, nogil=True)

@@ -31,6 +31,10 @@ __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected"]
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
+#: Sums whose partial sums stay below this (2^24) are exact in float32 and may
+#: run there (BLAS, or the 3x3 depthwise loop); above it the int32 loops run.
+F32_EXACT = _F32_EXACT
+
 
 def _plain(x: np.ndarray) -> np.ndarray:
     """``x`` as a writeable C-contiguous array, the layout the loops were compiled
@@ -120,7 +124,7 @@ def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
     oc = w.shape[0]
     wk = w.transpose(1, 2, 3, 0).reshape(-1, oc)                  # (kh * kw * c, oc)
     if int(np.abs(wk).sum(axis=0).max(initial=0)) * _max_abs_input(q["dtype"], q["x_zp"]) \
-            >= _F32_EXACT:
+            >= F32_EXACT:
         return None
     b = np.ascontiguousarray(wk, np.float32)
     n, oh, ow, _ = shape
@@ -178,8 +182,15 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
     shape = tuple(out_t.shape)
     if kh == 3 and kw == 3 and oc == c:
         taps = np.ascontiguousarray(wt.reshape(9, oc))
-        args = (taps, q["bias"], taps.sum(axis=0, dtype=np.int32), q["x_zp"], sh, sw, dh, dw,
-                pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
+        wsum = taps.sum(axis=0, dtype=np.int64)
+        # float32 is exact when every partial sum of bias - x_zp * sum(w) + sum(x * w)
+        # stays an integer below 2^24.
+        x_abs = 255 if q["dtype"] == np.dtype(np.uint8) else 128
+        worst = (np.abs(q["bias"].astype(np.int64) - int(q["x_zp"]) * wsum)
+                 + x_abs * np.abs(taps).sum(axis=0, dtype=np.int64))
+        f32 = bool(worst.max(initial=0) < F32_EXACT)
+        args = (taps, taps.astype(np.float32), f32, q["bias"], wsum.astype(np.int32), q["x_zp"],
+                sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
         dw3, dtype = loops.depthwise_3x3, q["dtype"]
 
         def run3(inputs):
