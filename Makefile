@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test test-nolitert collect-noshared bench fuzz soak clean pycoral-suite
+.PHONY: $(VENV) venv demo test test-nolitert test-fast collect-noshared bench fuzz soak clean pycoral-suite
 
 venv: $(STAMP)
 
@@ -34,6 +34,18 @@ test-nolitert:
 	$(NOLITERT)/bin/python -m pip uninstall -y -q ai-edge-litert libusb-package
 	$(NOLITERT)/bin/python -m pytest -q --ignore=tests/bench
 
+# The kernel tests and the end-to-end exactness tests with the `fast` extra (numba's
+# compiled kernels, docs/simulator.md): a second venv with '.[dev,fast]'.  The kernel
+# harness then checks every kernel on both paths, and CORALRT_REQUIRE_COMPILED=1 makes
+# the tests that need numba fail instead of skipping.  The dev venv stays without numba.
+FASTVENV ?= .venv-fast
+test-fast:
+	$(PYTHON) -m venv $(FASTVENV)
+	$(FASTVENV)/bin/python -m pip install -q --upgrade pip
+	$(FASTVENV)/bin/python -m pip install -q -e '.[dev,fast]'
+	CORALRT_REQUIRE_COMPILED=1 $(FASTVENV)/bin/python -m pytest -q tests/kernels \
+		tests/test_sim_session.py
+
 # The suite in a checkout without ../shared beside it (a fresh clone): every test
 # that needs the shared models or images must collect and skip with its reason,
 # not break the collection.  The tracked files are copied to a folder that has no
@@ -62,7 +74,7 @@ fuzz: $(STAMP)
 	$(VPY) tools/fuzz_models.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --save $(FUZZ_SAVE)
 
 clean:
-	rm -rf $(VENV) $(NOLITERT) build dist *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) $(NOLITERT) $(FASTVENV) build dist *.egg-info .pytest_cache .benchmarks
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # A long soak of the USB driver on a misbehaving simulated stick (tests/test_soak.py):

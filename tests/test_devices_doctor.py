@@ -353,7 +353,7 @@ def test_doctor_exit_code_follows_the_checks(capsys):
     code, out, _ = cli(capsys, "doctor", "--simulated", "1", "--json")
     data = json.loads(out)
     statuses = [c["status"] for c in data["checks"]]
-    assert len(statuses) == 10 and set(statuses) <= set(D.STATUSES)
+    assert len(statuses) == 11 and set(statuses) <= set(D.STATUSES)
     assert data["ok"] is ("fail" not in statuses)
     assert code == (1 if "fail" in statuses else 0)
     for c in data["checks"]:

@@ -31,6 +31,7 @@ from coralrt._cli.doctor_compile import (compile_paths_report, format_compile_pa
                                         probe_service)
 from coralrt._cli.doctor_software import check_cpu_backends, check_edgetpu_compiler, check_python
 from coralrt.errors import CoralRTError, DeviceError
+from coralrt._sim import compiled as compiled_kernels
 from coralrt._usb import firmware
 from coralrt._wheels import has_wheels, platform_name
 from coralrt._usb.udev import (  # noqa: F401 - part of this command's API
@@ -306,7 +307,8 @@ def run_checks(*, backend=None, simulated: bool = False, load=load_libusb,
             check_firmware(devices, path=firmware_path),
             *check_cpu_backends(cpu_backends),
             check_edgetpu_compiler(find_compiler),
-            check_python()]
+            check_python(),
+            Check("kernels", "info", compiled_kernels.summary())]
 
 
 def format_checks(checks: list[Check]) -> str:

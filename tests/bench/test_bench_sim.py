@@ -99,6 +99,8 @@ def test_sim_session(benchmark, record_median, record_value, image, reference_ou
 INTERLEAVED = [
     ("mobilenet_v2_uint8", "mobilenet_v2_1.0_224_quant.tflite", 20),
     ("mobilenet_v2_int8_per_channel", "mobilenet_v2_1.0_224_quant.tflite", 20),
+    # Made by TensorFlow 2's converter (float in and out, int8 per-channel inside).
+    ("mobilenet_v2_int8_tf2", "tf2_mobilenet_v2_1.0_224_ptq.tflite", 20),
     ("deeplabv3_mnv2_dm05", "deeplabv3_mnv2_dm05_pascal_quant.tflite", 6),
     ("keras_lstm_mnist", "keras_lstm_mnist_ptq.tflite", 40),
     ("ssd_mobilenet_v1_head", "ssd_mobilenet_v1_coco_quant_postprocess_head_layers.tflite", 40),

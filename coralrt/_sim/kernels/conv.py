@@ -33,6 +33,7 @@ from coralrt._ops.arith.parallel import for_bands
 from coralrt._ops.arith.requant import DoubleRequantizer, Requantizer
 from coralrt._ops.arith.scratch import TEMPORARIES
 from coralrt._ops.fused import activation_range
+from coralrt._sim.compiled import ops as compiled
 from coralrt._sim.kernels import OpContext, Run
 from coralrt._sim.kernels.gemm import (
     _BAND_ELEMENTS, _F32_EXACT, _GEMM_BAND_ELEMENTS, ExactGemm, _bias, _check_shape,
@@ -51,6 +52,9 @@ __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "transpose_conv"]
 
 
 def conv_2d(ctx: OpContext) -> Run:
+    fast = compiled.conv_2d(ctx)     # the coralrt[fast] extra's kernel, when it applies
+    if fast is not None:
+        return fast
     op = "CONV_2D"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     w = _need_const(ctx, 1, op, "filter")
@@ -123,6 +127,9 @@ def _shaped(a: np.ndarray, shape) -> np.ndarray:
 
 
 def depthwise_conv_2d(ctx: OpContext) -> Run:
+    fast = compiled.depthwise_conv_2d(ctx)
+    if fast is not None:
+        return fast
     op = "DEPTHWISE_CONV_2D"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     w = _need_const(ctx, 1, op, "filter")
@@ -192,6 +199,9 @@ FC_DOUBLE_ROUNDING = True
 
 
 def fully_connected(ctx: OpContext) -> Run:
+    fast = compiled.fully_connected(ctx, FC_DOUBLE_ROUNDING)
+    if fast is not None:
+        return fast
     op = "FULLY_CONNECTED"
     x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     p = ctx.params

@@ -1,0 +1,279 @@
+"""The compiled kernels' numba loops (the only module that imports numba).
+
+Every loop computes in integers exactly what TFLite's reference kernels do:
+int32 accumulators of zero-point-corrected 8-bit products (the callers only
+come here when the accumulators plus the bias provably stay within int32, so
+no partial sum wraps), then MultiplyByQuantizedMultiplier step by step
+(SaturatingRoundingDoublingHighMul as ``(P + 2^30) >> 31`` on the int64
+product, RoundingDivideByPOT with its remainder test in int32), the
+output zero point and the activation clamp; or, for FULLY_CONNECTED, the
+reference kernel's ``round((acc + bias) * double scale)`` with halves rounded
+away from zero.  Compiled code is cached on disk (numba's ``cache=True``) and
+runs without the GIL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_HALF = np.int64(1) << np.int64(30)
+
+# The pixels of one output row a convolution accumulates at once (each weight
+# loaded once per group).
+_GROUP = 4
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _requant(v, m, rs, zp, lo, hi):
+    """MultiplyByQuantizedMultiplier(v, m, -rs) + zp clamped to [lo, hi], for an int32
+    ``v``, 0 < m < 2^31 and 0 <= rs <= 31 (no left shift: callers leave multipliers
+    above 1 to the NumPy kernels).  The product needs 64 bits; its rounded high
+    half ``q`` does not (|q| <= |v|), so the rest runs in 32-bit lanes."""
+    q = np.int32((np.int64(v) * np.int64(m) + _HALF) >> np.int64(31))   # SRDHM
+    mask = np.int32((np.int32(1) << rs) - np.int32(1))                  # RoundingDivideByPOT
+    thr = np.int32((mask >> np.int32(1)) + np.int32(q < 0))
+    r = np.int32(np.int32(q >> rs) + np.int32((q & mask) > thr) + zp)
+    return min(max(r, lo), hi)
+
+
+@njit(cache=True, nogil=True)
+def _requant_row(acc, m, rs, zp, lo, hi, out):
+    for o in range(acc.shape[0]):
+        out[o] = _requant(acc[o], m[o], rs[o], zp, lo, hi)
+
+
+@njit(cache=True, nogil=True)
+def to_float32(x, x_zp, out):
+    """out[r, k] = x[r, k] - x_zp as float32 (exact: 8-bit values)."""
+    rows, k = x.shape
+    for r in range(rows):
+        for j in range(k):
+            out[r, j] = np.float32(np.int32(x[r, j]) - x_zp)
+
+
+@njit(cache=True, nogil=True)
+def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
+    """Rows of output rows y0:y1 of image ``b``: each window's (ky, kx, ci) values
+    minus x_zp as float32, 0 for taps outside the input (they read the zero point)."""
+    n, h, w, c = x.shape
+    x2 = x.reshape(n, h, w * c)
+    ow = out.shape[0] // (y1 - y0)
+    zero = np.float32(0.0)
+    r = 0
+    for oy in range(y0, y1):
+        iy0 = oy * sh - pt
+        for ox in range(ow):
+            ix0 = ox * sw - pl
+            k = 0
+            cols_in = dw == 1 and ix0 >= 0 and ix0 + kw <= w
+            for ky in range(kh):
+                iy = iy0 + ky * dh
+                inside = 0 <= iy < h
+                if inside and cols_in:        # the window row is kw * c contiguous values
+                    s0 = ix0 * c
+                    for j in range(kw * c):
+                        out[r, k + j] = np.float32(np.int32(x2[b, iy, s0 + j]) - x_zp)
+                    k += kw * c
+                    continue
+                for kx in range(kw):
+                    ix = ix0 + kx * dw
+                    if inside and 0 <= ix < w:
+                        for ci in range(c):
+                            out[r, k + ci] = np.float32(np.int32(x[b, iy, ix, ci]) - x_zp)
+                    else:
+                        for ci in range(c):
+                            out[r, k + ci] = zero
+                    k += c
+            r += 1
+
+
+@njit(cache=True, nogil=True)
+def requant_rows(acc, bias, m, rs, zp, lo, hi, out):
+    """acc (rows, oc) float32 holding exact integers (a GEMM's sums, without bias)."""
+    rows, oc = acc.shape
+    for r in range(rows):
+        for o in range(oc):
+            out[r, o] = _requant(np.int32(np.int32(acc[r, o]) + bias[o]), m[o], rs[o], zp, lo,
+                                 hi)
+
+
+@njit(cache=True, nogil=True)
+def conv_2d(x, wt, kh, kw, bias, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi, out):
+    """x (n, h, w, c); wt (kh * kw * c, oc) int32 with the weight offset applied, rows
+    in (ky, kx, ci) order; bias, m, rs int32 (oc); out (n, oh, ow, oc)."""
+    n, h, w, c = x.shape
+    kk, oc = wt.shape
+    oh, ow = out.shape[1], out.shape[2]
+    acc = np.empty((_GROUP, oc), np.int32)
+    xv = np.zeros((_GROUP, kk), np.int32)
+    for b in range(n):
+        for oy in range(oh):
+            iy0 = oy * sh - pt
+            for ox0 in range(0, ow, _GROUP):
+                g = min(_GROUP, ow - ox0)
+                # The group's windows as rows of (x - x_zp); taps outside the input
+                # read the zero point, which adds 0.
+                for p in range(g):
+                    ix0 = (ox0 + p) * sw - pl
+                    k = 0
+                    for ky in range(kh):
+                        iy = iy0 + ky * dh
+                        for kx in range(kw):
+                            ix = ix0 + kx * dw
+                            if iy < 0 or iy >= h or ix < 0 or ix >= w:
+                                for ci in range(c):
+                                    xv[p, k + ci] = 0
+                            else:
+                                for ci in range(c):
+                                    xv[p, k + ci] = np.int32(x[b, iy, ix, ci]) - x_zp
+                            k += c
+                    acc[p, :] = bias
+                if g == _GROUP:
+                    for k in range(kk):
+                        a0, a1, a2, a3 = xv[0, k], xv[1, k], xv[2, k], xv[3, k]
+                        wr = wt[k]
+                        for o in range(oc):
+                            wo = wr[o]
+                            acc[0, o] += a0 * wo
+                            acc[1, o] += a1 * wo
+                            acc[2, o] += a2 * wo
+                            acc[3, o] += a3 * wo
+                else:
+                    for p in range(g):
+                        for k in range(kk):
+                            a = xv[p, k]
+                            wr = wt[k]
+                            for o in range(oc):
+                                acc[p, o] += a * wr[o]
+                for p in range(g):
+                    _requant_row(acc[p], m, rs, zp, lo, hi, out[b, oy, ox0 + p])
+
+
+@njit(cache=True, nogil=True)
+def depthwise_conv_2d(x, wt, bias, x_zp, dm, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi,
+                      out):
+    """x (n, h, w, c); wt (kh, kw, c * dm) int32 with the weight offset applied;
+    output channel ``ci * dm + k`` reads input channel ``ci``."""
+    n, h, w, c = x.shape
+    kh, kw, oc = wt.shape
+    oh, ow = out.shape[1], out.shape[2]
+    acc = np.empty(oc, np.int32)
+    for b in range(n):
+        for oy in range(oh):
+            iy0 = oy * sh - pt
+            for ox in range(ow):
+                ix0 = ox * sw - pl
+                acc[:] = bias
+                for ky in range(kh):
+                    iy = iy0 + ky * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    for kx in range(kw):
+                        ix = ix0 + kx * dw
+                        if ix < 0 or ix >= w:
+                            continue
+                        xr = x[b, iy, ix]
+                        wr = wt[ky, kx]
+                        if dm == 1:
+                            for o in range(oc):
+                                acc[o] += (np.int32(xr[o]) - x_zp) * wr[o]
+                        else:
+                            for ci in range(c):
+                                a = np.int32(xr[ci]) - x_zp
+                                for k in range(dm):
+                                    acc[ci * dm + k] += a * wr[ci * dm + k]
+                _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
+
+
+@njit(cache=True, nogil=True, fastmath=True)     # fastmath: only the exact float32 sums
+def depthwise_3x3(x, wt, wf, f32, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi,
+                  out):
+    """A 3x3 depthwise convolution with multiplier 1: wt (9, c) int32 (row-major taps)
+    and the same as float32 ``wf``, wsum (c) the sums of each channel's taps.
+    Where all nine taps are inside the input, each output is one pass over the
+    channels, sum(x * w) - x_zp * sum(w) plus the bias, in float32 when ``f32``
+    (the caller's bound proves it exact) else in int32; at the borders the taps
+    outside are skipped (they would read the zero point and add 0)."""
+    n, h, w, c = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    acc = np.empty(c, np.int32)
+    base = np.empty(c, np.int32)
+    for o in range(c):
+        base[o] = np.int32(bias[o] - x_zp * wsum[o])
+    basef = base.astype(np.float32)
+    for b in range(n):
+        for oy in range(oh):
+            iy0 = oy * sh - pt
+            rows_in = iy0 >= 0 and iy0 + 2 * dh < h
+            for ox in range(ow):
+                ix0 = ox * sw - pl
+                if rows_in and ix0 >= 0 and ix0 + 2 * dw < w:
+                    # Indexed directly: views would cost reference counting per pixel.
+                    iy1, iy2, ix1, ix2 = iy0 + dh, iy0 + 2 * dh, ix0 + dw, ix0 + 2 * dw
+                    if f32:
+                        for o in range(c):
+                            v = (basef[o] + np.float32(x[b, iy0, ix0, o]) * wf[0, o]
+                                 + np.float32(x[b, iy0, ix1, o]) * wf[1, o]
+                                 + np.float32(x[b, iy0, ix2, o]) * wf[2, o]
+                                 + np.float32(x[b, iy1, ix0, o]) * wf[3, o]
+                                 + np.float32(x[b, iy1, ix1, o]) * wf[4, o]
+                                 + np.float32(x[b, iy1, ix2, o]) * wf[5, o]
+                                 + np.float32(x[b, iy2, ix0, o]) * wf[6, o]
+                                 + np.float32(x[b, iy2, ix1, o]) * wf[7, o]
+                                 + np.float32(x[b, iy2, ix2, o]) * wf[8, o])
+                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
+                    else:
+                        for o in range(c):
+                            v = (base[o] + np.int32(x[b, iy0, ix0, o]) * wt[0, o]
+                                 + np.int32(x[b, iy0, ix1, o]) * wt[1, o]
+                                 + np.int32(x[b, iy0, ix2, o]) * wt[2, o]
+                                 + np.int32(x[b, iy1, ix0, o]) * wt[3, o]
+                                 + np.int32(x[b, iy1, ix1, o]) * wt[4, o]
+                                 + np.int32(x[b, iy1, ix2, o]) * wt[5, o]
+                                 + np.int32(x[b, iy2, ix0, o]) * wt[6, o]
+                                 + np.int32(x[b, iy2, ix1, o]) * wt[7, o]
+                                 + np.int32(x[b, iy2, ix2, o]) * wt[8, o])
+                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
+                    continue
+                acc[:] = bias
+                for ky in range(3):
+                    iy = iy0 + ky * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    for kx in range(3):
+                        ix = ix0 + kx * dw
+                        if ix < 0 or ix >= w:
+                            continue
+                        xr = x[b, iy, ix]
+                        wr = wt[ky * 3 + kx]
+                        for o in range(c):
+                            acc[o] += (np.int32(xr[o]) - x_zp) * wr[o]
+                _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
+
+
+@njit(cache=True, nogil=True)
+def fully_connected(x, wt, bias, x_zp, eff, zp, lo, hi, out):
+    """x (batch, depth); wt (units, depth) int32 with the weight offset applied;
+    bias int32 (units); eff float64 (units); out (batch, units).  Rounds as
+    C's ``round``: halves away from zero."""
+    batch, depth = x.shape
+    units = wt.shape[0]
+    xv = np.empty(depth, np.int32)
+    for b in range(batch):
+        for k in range(depth):
+            xv[k] = np.int32(x[b, k]) - x_zp
+        for u in range(units):
+            s = np.int32(0)
+            wr = wt[u]
+            for k in range(depth):
+                s += xv[k] * wr[k]
+            v = np.float64(np.int64(s) + bias[u]) * eff[u]
+            t = np.trunc(v)
+            d = v - t                   # exact in double
+            if d >= 0.5:
+                t += 1.0
+            elif d <= -0.5:
+                t -= 1.0
+            r = np.int64(t) + zp
+            out[b, u] = min(max(r, lo), hi)

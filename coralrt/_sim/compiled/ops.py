@@ -1,0 +1,267 @@
+"""Kernel factories over the compiled loops: ``conv_2d(ctx)``, ``depthwise_conv_2d(ctx)``
+and ``fully_connected(ctx)`` return a sim kernel's ``run``, or None when the NumPy
+kernel is to run instead (compiled kernels off or unavailable, or an operator
+outside what the loops reproduce exactly).  They never raise for a model the
+NumPy kernel would refuse: they leave it to the NumPy kernel, which raises
+the usual error.
+
+What the loops need from the operator is what the NumPy kernels use
+(coralrt/_sim/kernels/gemm.py): the geometry, the weights with their offset
+(uint8: the weights' zero point; int8: none, as the per-channel reference
+kernels ignore it), and the fixed-point multipliers of
+``GetQuantizedConvolutionMultipler`` (float32 scale product for uint8, double
+for int8) as right shifts; multipliers above 1 stay with the NumPy kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coralrt.errors import CoralRTError
+from coralrt._ops.arith.requant import may_wrap
+from coralrt._ops.fused import activation_range
+from coralrt._sim.compiled import jit
+from coralrt._sim.kernels import OpContext, Run
+from coralrt._ops.arith.scratch import TEMPORARIES
+from coralrt._sim.kernels.gemm import (
+    _BAND_ELEMENTS, _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
+)
+
+__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected"]
+
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+
+#: Sums whose partial sums stay below this (2^24) are exact in float32 and may
+#: run there (BLAS, or the 3x3 depthwise loop); above it the int32 loops run.
+F32_EXACT = _F32_EXACT
+
+
+def _plain(x: np.ndarray) -> np.ndarray:
+    """``x`` as a writeable C-contiguous array, the layout the loops were compiled
+    for (a read-only or strided input would make numba compile another variant
+    on first use)."""
+    if x.flags.c_contiguous and x.flags.writeable:
+        return x
+    return np.array(x, order="C")
+
+
+def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
+    """The loops' operands (weights minus offset as int64; bias, multipliers, right
+    shifts, zero points and bounds as int32), or None for the NumPy kernel."""
+    x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    in_dtype, out_dtype = ctx.dtype(x_t), ctx.dtype(out_t)
+    if in_dtype not in _EIGHT_BIT or out_dtype != in_dtype:
+        return None
+    channels = w.shape[channel_axis]
+    w_scales, w_zps = ctx.quant(w_t)
+    uint8 = in_dtype == np.dtype(np.uint8)
+    if w_scales.size not in (1, channels) or (uint8 and w_scales.size > 1):
+        return None
+    mult, shift = _multiplier(ctx.scale(x_t), w_scales[:1] if uint8 else w_scales,
+                              ctx.scale(out_t), float_product=uint8)
+    if (shift > 0).any() or (shift < -31).any():
+        return None      # multipliers above 1 (left shifts): the NumPy kernel
+    zp = ctx.zero_point(out_t)
+    lo, hi = activation_range(ctx, int(ctx.params.get("fused_activation_function", 0)),
+                              ctx.scale(out_t), zp, out_dtype)
+    w_offset = int(w_zps[0]) if uint8 and w_zps.size else 0
+    wi = w.astype(np.int64) - w_offset
+    x_zp = ctx.zero_point(x_t)
+    acc_bound = (np.abs(np.moveaxis(wi, channel_axis, 0).reshape(channels, -1)).sum(axis=1)
+                 * _max_abs_input(in_dtype, x_zp))
+    bias = _bias(ctx, bias_index, channels, "")
+    if may_wrap(bias, acc_bound):        # the int32 accumulator could wrap: NumPy kernel
+        return None
+    full = np.ones(channels, np.int64)
+    i32 = np.int32
+    return dict(w=wi, bias=(np.zeros(channels, i32) if bias is None else bias.astype(i32)),
+                m=(mult * full).astype(i32), rs=(-shift * full).astype(i32), zp=i32(zp),
+                lo=i32(lo), hi=i32(hi), x_zp=i32(x_zp), dtype=out_dtype)
+
+
+def conv_2d(ctx: OpContext) -> Run | None:
+    loops = jit()
+    if loops is None:
+        return None
+    x_t, out_t = ctx.inputs[0], ctx.outputs[0]
+    w = ctx.const(1)
+    if w is None or w.ndim != 4 or w.shape[3] != x_t.shape[3]:
+        return None
+    oc, kh, kw, _ = w.shape
+    try:
+        sh, sw, dh, dw, oh, ow, pt, pl, _, _ = _conv_geometry(ctx, "CONV_2D", x_t.shape, kh, kw,
+                                                              out_t.shape)
+        q = _setup(ctx, w, 0, 2)
+    except CoralRTError:                 # the NumPy kernel raises it again, with context
+        return None
+    if q is None:
+        return None
+    shape = tuple(out_t.shape)
+    run = _gemm_conv(loops, q, x_t.shape, shape, (kh, kw, sh, sw, dh, dw, pt, pl))
+    if run is not None:
+        return run
+    # (kh * kw * c, oc): one row per tap and input channel
+    wt = np.ascontiguousarray(q["w"].transpose(1, 2, 3, 0).reshape(-1, oc), np.int32)
+    args = (wt, kh, kw, q["bias"], q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"],
+            q["lo"], q["hi"])
+    conv, dtype = loops.conv_2d, q["dtype"]
+
+    def run(inputs):
+        out = np.empty(shape, dtype)
+        conv(_plain(inputs[0]), *args, out)
+        return [out]
+
+    return run
+
+
+def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
+    """The convolution as one float32 BLAS product per band of output rows (inputs
+    laid out by a compiled im2col, or converted in place for 1x1 windows), exact
+    when every partial sum is an integer below 2^24 (else None: the integer
+    loop), then the compiled requantization of the band's accumulators."""
+    kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    w = q["w"]                                                    # (oc, kh, kw, c)
+    oc = w.shape[0]
+    wk = w.transpose(1, 2, 3, 0).reshape(-1, oc)                  # (kh * kw * c, oc)
+    if int(np.abs(wk).sum(axis=0).max(initial=0)) * _max_abs_input(q["dtype"], q["x_zp"]) \
+            >= F32_EXACT:
+        return None
+    b = np.ascontiguousarray(wk, np.float32)
+    n, oh, ow, _ = shape
+    depth = b.shape[0]
+    pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
+    band = max(1, _BAND_ELEMENTS // max(ow * max(depth, oc), 1))   # output rows per band
+    req = (q["bias"], q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
+    x_zp, dtype = q["x_zp"], q["dtype"]
+    to_float32, im2col, requant = loops.to_float32, loops.im2col_float32, loops.requant_rows
+
+    def run(inputs):
+        x = inputs[0]
+        if pointwise and (sh != 1 or sw != 1):
+            x = x[:, ::sh, ::sw]
+        x = _plain(x)
+        out = np.empty(shape, dtype)
+        for bi in range(n):
+            for y0 in range(0, oh, band):
+                y1 = min(oh, y0 + band)
+                r = (y1 - y0) * ow
+                a = TEMPORARIES.array("compiled.a", (r, depth), np.float32)
+                acc = TEMPORARIES.array("compiled.acc", (r, oc), np.float32)
+                if pointwise:
+                    to_float32(x[bi, y0:y1].reshape(r, depth), x_zp, a)
+                else:
+                    im2col(x, bi, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, a)
+                np.matmul(a, b, out=acc)
+                requant(acc, *req, out[bi, y0:y1].reshape(r, oc))
+        return [out]
+
+    return run
+
+
+def depthwise_conv_2d(ctx: OpContext) -> Run | None:
+    loops = jit()
+    if loops is None:
+        return None
+    x_t, out_t = ctx.inputs[0], ctx.outputs[0]
+    w = ctx.const(1)
+    if w is None or w.ndim != 4:
+        return None
+    _, kh, kw, oc = w.shape
+    c = x_t.shape[3]
+    if c == 0 or oc % c:
+        return None
+    try:
+        sh, sw, dh, dw, oh, ow, pt, pl, _, _ = _conv_geometry(ctx, "DEPTHWISE_CONV_2D",
+                                                              x_t.shape, kh, kw, out_t.shape)
+        q = _setup(ctx, w, 3, 2)
+    except CoralRTError:
+        return None
+    if q is None:
+        return None
+    wt = np.ascontiguousarray(q["w"].reshape(kh, kw, oc), np.int32)
+    shape = tuple(out_t.shape)
+    if kh == 3 and kw == 3 and oc == c:
+        taps = np.ascontiguousarray(wt.reshape(9, oc))
+        wsum = taps.sum(axis=0, dtype=np.int64)
+        # float32 is exact when every partial sum of bias - x_zp * sum(w) + sum(x * w)
+        # stays an integer below 2^24.
+        x_abs = 255 if q["dtype"] == np.dtype(np.uint8) else 128
+        worst = (np.abs(q["bias"].astype(np.int64) - int(q["x_zp"]) * wsum)
+                 + x_abs * np.abs(taps).sum(axis=0, dtype=np.int64))
+        f32 = bool(worst.max(initial=0) < F32_EXACT)
+        args = (taps, taps.astype(np.float32), f32, q["bias"], wsum.astype(np.int32), q["x_zp"],
+                sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
+        dw3, dtype = loops.depthwise_3x3, q["dtype"]
+
+        def run3(inputs):
+            out = np.empty(shape, dtype)
+            dw3(_plain(inputs[0]), *args, out)
+            return [out]
+
+        return run3
+    args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["rs"],
+            q["zp"], q["lo"], q["hi"])
+    depthwise, dtype = loops.depthwise_conv_2d, q["dtype"]
+
+    def run(inputs):
+        out = np.empty(shape, dtype)
+        depthwise(_plain(inputs[0]), *args, out)
+        return [out]
+
+    return run
+
+
+def fully_connected(ctx: OpContext, double_rounding: bool = True) -> Run | None:
+    """``double_rounding``: the reference kernel's ``round(acc * double scale)``
+    (LiteRT 2.x); the fixed-point form is left to the NumPy kernel."""
+    loops = jit()
+    if loops is None or not double_rounding:
+        return None
+    x_t, w_t, out_t = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    p = ctx.params
+    w = ctx.const(1)
+    in_dtype = ctx.dtype(x_t)
+    if (w is None or w.ndim != 2 or int(p.get("weights_format", 0)) != 0
+            or in_dtype not in _EIGHT_BIT or ctx.dtype(out_t) != in_dtype):
+        return None
+    units, depth = w.shape
+    size = int(np.prod(x_t.shape, dtype=np.int64))
+    if depth == 0 or size % depth:
+        return None
+    batch = size // depth
+    want = tuple(x_t.shape[:-1]) + (units,) if p.get("keep_num_dims", False) else (batch, units)
+    if tuple(want) != tuple(out_t.shape):
+        return None
+    w_scales, w_zps = ctx.quant(w_t)
+    per_channel = w_scales.size > 1
+    if per_channel and (in_dtype != np.dtype(np.int8) or w_scales.size != units):
+        return None
+    try:
+        zp = ctx.zero_point(out_t)
+        lo, hi = activation_range(ctx, int(p.get("fused_activation_function", 0)),
+                                  ctx.scale(out_t), zp, in_dtype)
+        bias = _bias(ctx, 2, units, "FULLY_CONNECTED")
+    except CoralRTError:
+        return None
+    w_offset = 0 if per_channel else (int(w_zps[0]) if w_zps.size else 0)
+    wi = w.astype(np.int64) - w_offset
+    x_zp = ctx.zero_point(x_t)
+    acc_bound = np.abs(wi).sum(axis=1) * _max_abs_input(in_dtype, x_zp)
+    if may_wrap(bias, acc_bound):
+        return None
+    eff = float(ctx.scale(x_t)) * w_scales.astype(np.float64) / float(ctx.scale(out_t))
+    eff = np.ascontiguousarray(np.broadcast_to(eff, (units,)))
+    b64 = np.zeros(units, np.int64) if bias is None else bias.astype(np.int64)
+    worst = (acc_bound + np.abs(b64)) * np.abs(eff)
+    if not np.all(np.isfinite(worst)) or worst.max(initial=0) >= 2.0**31 - 1:
+        return None                      # round() past int32: the NumPy kernel's edge case
+    wt = np.ascontiguousarray(wi, np.int32)
+    fc = loops.fully_connected
+
+    def run(inputs):
+        out = np.empty((batch, units), in_dtype)
+        fc(_plain(inputs[0]).reshape(batch, depth), wt, b64, x_zp, eff, int(zp),
+           int(lo), int(hi), out)
+        return [out.reshape(want)]
+
+    return run
