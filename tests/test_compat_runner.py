@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import site
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IMAGES_DIR, MODELS_DIR, REPO_ROOT, shared_image, shared_model
+from tests.support.compat_hook import hook_pythonpath
 
 TIMEOUT = 300
 
@@ -254,14 +254,7 @@ def hook_site(tmp_path) -> dict:
     """The environment of a Python whose site-packages has coralrt's start-up hook: a
     site folder with the two files, which a ``sitecustomize`` adds (as site does for
     site-packages, so the ``.pth`` line runs), in every process that inherits it."""
-    hook = tmp_path / "hook-site"
-    hook.mkdir()
-    for name in ("coralrt-compat.pth", "_coralrt_compat.py"):
-        shutil.copy(REPO_ROOT / name, hook / name)
-    custom = tmp_path / "customize"
-    custom.mkdir()
-    (custom / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(hook)!r})\n")
-    return {"PYTHONPATH": str(custom)}
+    return {"PYTHONPATH": hook_pythonpath(tmp_path)}
 
 
 def test_compat_env_maps_imports_in_spawned_children(tmp_path, hook_site):

@@ -512,7 +512,7 @@ def test_doctor_text_and_json(fake, env, capsys):
     assert [p["path"] for p in data["compile_paths"]] == ["none", "remote"]
     assert set(data["compile_paths"][0]) == {"path", "compiler", "via", "detail", "how"}
     # Information only: no compile path is not a failed check.
-    assert len(data["checks"]) == 10 and code == (0 if data["ok"] else 1)
+    assert len(data["checks"]) == 11 and code == (0 if data["ok"] else 1)
 
 
 def test_doctor_cli_with_a_compiler_on_path(fake, env, capsys):

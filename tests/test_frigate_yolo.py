@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, run_litert, shared_image, shared_model
+from conftest import run_litert, shared_image, shared_model
 
 from coralrt import InferenceSession, vision
 from coralrt.vision import Placement
+from tests.support.compat_hook import hook_pythonpath
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow decodes the test images (dev extra)")
 
@@ -127,16 +127,9 @@ def _hook_env(tmp_path) -> dict:
     """A plain Python's environment with coralrt's start-up hook in a site folder (a
     ``sitecustomize`` adds it, so the ``.pth`` line runs as in site-packages) and
     ``CORALRT_COMPAT=1 CORALRT_TARGET=sim``."""
-    hook = tmp_path / "hook-site"
-    hook.mkdir()
-    for name in ("coralrt-compat.pth", "_coralrt_compat.py"):
-        shutil.copy(REPO_ROOT / name, hook / name)
-    custom = tmp_path / "customize"
-    custom.mkdir()
-    (custom / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(hook)!r})\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORALRT_")
            and k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(custom), CORALRT_COMPAT="1", CORALRT_TARGET="sim",
+    env.update(PYTHONPATH=hook_pythonpath(tmp_path), CORALRT_COMPAT="1", CORALRT_TARGET="sim",
                CORALRT_CACHE_DIR=str(tmp_path / "cache"))
     return env
 

@@ -36,6 +36,16 @@ _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 F32_EXACT = _F32_EXACT
 
 
+def _runner(loop, args: tuple, shape, dtype):
+    """A step that runs the compiled ``loop(x, *args, out)`` into a new output array."""
+    def run(inputs):
+        out = np.empty(shape, dtype)
+        loop(_plain(inputs[0]), *args, out)
+        return [out]
+
+    return run
+
+
 def _plain(x: np.ndarray) -> np.ndarray:
     """``x`` as a writeable C-contiguous array, the layout the loops were compiled
     for (a read-only or strided input would make numba compile another variant
@@ -106,12 +116,7 @@ def conv_2d(ctx: OpContext) -> Run | None:
             q["lo"], q["hi"])
     conv, dtype = loops.conv_2d, q["dtype"]
 
-    def run(inputs):
-        out = np.empty(shape, dtype)
-        conv(_plain(inputs[0]), *args, out)
-        return [out]
-
-    return run
+    return _runner(conv, args, shape, dtype)
 
 
 def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
@@ -193,22 +198,12 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
                 sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
         dw3, dtype = loops.depthwise_3x3, q["dtype"]
 
-        def run3(inputs):
-            out = np.empty(shape, dtype)
-            dw3(_plain(inputs[0]), *args, out)
-            return [out]
-
-        return run3
+        return _runner(dw3, args, shape, dtype)
     args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["rs"],
             q["zp"], q["lo"], q["hi"])
     depthwise, dtype = loops.depthwise_conv_2d, q["dtype"]
 
-    def run(inputs):
-        out = np.empty(shape, dtype)
-        depthwise(_plain(inputs[0]), *args, out)
-        return [out]
-
-    return run
+    return _runner(depthwise, args, shape, dtype)
 
 
 def fully_connected(ctx: OpContext, double_rounding: bool = True) -> Run | None:
