@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import extra_model_paths, litert, shared_image, shared_model
+from tests.support.models import image_times_zero
 from coralrt import InferenceSession, load_model
 from coralrt.testing import ModelBuilder
 from coralrt import vision
@@ -211,12 +212,7 @@ def const_outputs_model(outputs, size=(16, 12)):
     """A float model whose image input [1, h, w, 3] is ignored: each output is a constant
     (ADD of the constant and 0 * mean(image))."""
     b = ModelBuilder()
-    w, h = size
-    x = b.input("image", (1, h, w, 3), np.float32)
-    m = b.tensor("mean", (1, 1, 1, 1), np.float32)
-    b.op("MEAN", [x, b.constant("axes", np.array([1, 2, 3], np.int32))], [m], keep_dims=True)
-    z = b.tensor("z", (1, 1, 1, 1), np.float32)
-    b.op("MUL", [m, b.constant("zero", np.zeros((1,), np.float32))], [z])
+    z = image_times_zero(b, size)
     outs = []
     for name, value in outputs:
         value = np.asarray(value, np.float32)

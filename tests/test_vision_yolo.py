@@ -18,6 +18,7 @@ from coralrt.testing import ModelBuilder
 from coralrt.vision import Placement
 from coralrt.vision._results import box_iou
 from coralrt.vision._yolo import grid_anchors
+from tests.support.models import image_times_zero
 
 W, H = 64, 48            # the models' input (width, height)
 IMAGE = (128, 96)        # the test image: stretch is x2 on both axes
@@ -29,12 +30,7 @@ def head_model(head, dtype: str = "float32", size=(W, H)) -> bytes:
     """A model with an image input [1, h, w, 3] whose only output is ``head``."""
     head = np.asarray(head, np.float32)
     b = ModelBuilder()
-    w, h = size
-    x = b.input("image", (1, h, w, 3), np.float32)
-    m = b.tensor("mean", (1, 1, 1, 1), np.float32)
-    b.op("MEAN", [x, b.constant("axes", np.array([1, 2, 3], np.int32))], [m], keep_dims=True)
-    z = b.tensor("z", (1, 1, 1, 1), np.float32)
-    b.op("MUL", [m, b.constant("zero", np.zeros((1,), np.float32))], [z])
+    z = image_times_zero(b, size)
     zr = b.tensor("zr", (1,) * head.ndim, np.float32)
     b.op("RESHAPE", [z, b.constant("ones", np.ones(head.ndim, np.int32))], [zr])
     f = b.tensor("head_f" if QUANT[dtype] else "head", head.shape, np.float32)

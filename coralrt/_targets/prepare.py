@@ -322,14 +322,9 @@ def _stick_before_compiler(o: Loading, target: Target) -> None:
         return
     if device is None and o.host.devices.plugin_for(target.device_kind) is not None:
         return
-    from coralrt._usb import list_devices
+    from coralrt._usb import count_attached
     from coralrt._usb.discovery import no_stick
-    try:
-        found = list_devices()
-    except Exception as e:  # noqa: BLE001 - opening the stick reports it
-        log.debug("listing USB devices failed: %s", e)
-        return
-    if not found:
+    if count_attached() == 0:
         raise no_stick(device, extra=" (`coralrt devices` lists what is attached). Without "
                        "a stick, target 'sim' runs the model on the simulated Edge TPU")
 

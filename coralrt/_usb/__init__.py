@@ -15,7 +15,19 @@ and ``constants.py`` the rest.  See docs/usb.md.
 
 from __future__ import annotations
 
+import logging
+
 from coralrt._usb.discovery import DeviceInfo, list_devices
 from coralrt._usb.driver import UsbEdgeTpu, open_device
 
-__all__ = ["open_device", "list_devices", "UsbEdgeTpu", "DeviceInfo"]
+__all__ = ["open_device", "list_devices", "count_attached", "UsbEdgeTpu", "DeviceInfo"]
+
+
+def count_attached() -> int | None:
+    """How many sticks are attached; None when USB cannot be listed here (no
+    libusb, no permission to enumerate), which is for opening a stick to report."""
+    try:
+        return len(list_devices())
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        logging.getLogger("coralrt.usb").debug("listing USB devices failed: %s", e)
+        return None

@@ -112,7 +112,8 @@ def _check_served(delegate: EdgeTpuDelegate) -> None:
                                    f"sticks (CORALRT_TARGET=sim presents :0 to :{n - 1}; "
                                    f"set {config.SIM_STICKS} for more)")
         return
-    found = attached_sticks()
+    from coralrt._usb import count_attached
+    found = count_attached()
     if found is None or index < found:
         return              # present, or cannot tell: opening the stick will say
     hint = ("check that it is plugged in with a data cable (`lsusb` lists 1a6e:089a or "
@@ -127,14 +128,3 @@ def _check_served(delegate: EdgeTpuDelegate) -> None:
 
 def _named(delegate: EdgeTpuDelegate) -> str:
     return f"device {delegate.options.get('device')!r}" if delegate.device else "the first stick"
-
-
-def attached_sticks() -> int | None:
-    """How many Coral USB Accelerators are attached; None when USB cannot be
-    listed here (no libusb, no permission), which is for opening to report."""
-    from coralrt._usb import list_devices
-    try:
-        return len(list_devices())
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        log.debug("listing USB devices failed: %s", e)
-        return None

@@ -47,3 +47,16 @@ def conv_relu(channels: int = 4, seed: int | None = None, name: str | None = Non
     b.op("RELU", [y], [z])
     b.output(y, z)
     return b.build()
+
+
+def image_times_zero(b: ModelBuilder, size=(16, 12)):
+    """Add a float image input [1, h, w, 3] to ``b`` and return a [1, 1, 1, 1] tensor
+    that is 0 * mean(image): adding it to a constant makes an output that depends on
+    the input without changing the constant."""
+    w, h = size
+    x = b.input("image", (1, h, w, 3), np.float32)
+    m = b.tensor("mean", (1, 1, 1, 1), np.float32)
+    b.op("MEAN", [x, b.constant("axes", np.array([1, 2, 3], np.int32))], [m], keep_dims=True)
+    z = b.tensor("z", (1, 1, 1, 1), np.float32)
+    b.op("MUL", [m, b.constant("zero", np.zeros((1,), np.float32))], [z])
+    return z
