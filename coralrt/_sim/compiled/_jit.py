@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 _HALF = np.int64(1) << np.int64(30)
+_U = np.uint64
 
 # The pixels of one output row a convolution accumulates at once (each weight
 # loaded once per group).
@@ -187,56 +188,61 @@ def depthwise_conv_2d(x, wt, bias, x_zp, dm, sh, sw, dh, dw, pt, pl, m, rs, zp, 
 
 
 @njit(cache=True, nogil=True, fastmath=True)     # fastmath: only the exact float32 sums
-def depthwise_3x3(x, wt, wf, f32, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi,
-                  out):
-    """A 3x3 depthwise convolution with multiplier 1: wt (9, c) int32 (row-major taps)
-    and the same as float32 ``wf``, wsum (c) the sums of each channel's taps.
-    Where all nine taps are inside the input, each output is one pass over the
-    channels, sum(x * w) - x_zp * sum(w) plus the bias, in float32 when ``f32``
-    (the caller's bound proves it exact) else in int32; at the borders the taps
-    outside are skipped (they would read the zero point and add 0)."""
+def depthwise_3x3(x, wf, biasf, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi, out):
+    """A 3x3 depthwise convolution with multiplier 1 in float32, for a layer whose
+    every partial sum the caller proved an integer below 2^24: wf (9, c) float32
+    (row-major taps, the weight offset applied), biasf and wsum (c) float32 (the
+    bias; each channel's sum of taps).  Where all nine taps are inside the input,
+    each output is ``bias - x_zp * sum(w) + sum(x * w)`` summed for all channels
+    of a pixel in one pass; at the borders the taps outside are skipped (they
+    would read the zero point and add 0) and the others add ``(x - x_zp) * w``.
+    One output row's sums are then requantized together.
+
+    The input and output are read through flat views with unsigned offsets:
+    signed offsets would make every load check for a negative index, and a view
+    per pixel would cost reference counting per pixel (both several times the
+    arithmetic)."""
     n, h, w, c = x.shape
     oh, ow = out.shape[1], out.shape[2]
-    acc = np.empty(c, np.int32)
-    base = np.empty(c, np.int32)
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    wk = wf.reshape(-1)
+    cu = _U(c)
+    zpf = np.float32(x_zp)
+    base = np.empty(c, np.float32)
     for o in range(c):
-        base[o] = np.int32(bias[o] - x_zp * wsum[o])
-    basef = base.astype(np.float32)
+        base[o] = biasf[o] - zpf * wsum[o]
+    row = np.empty(ow * c, np.float32)
+    dx = _U(dw * c)
+    dy = _U(dh * w * c)
+    k1, k2, k3, k4 = cu, _U(2) * cu, _U(3) * cu, _U(4) * cu
+    k5, k6, k7, k8 = _U(5) * cu, _U(6) * cu, _U(7) * cu, _U(8) * cu
     for b in range(n):
         for oy in range(oh):
             iy0 = oy * sh - pt
             rows_in = iy0 >= 0 and iy0 + 2 * dh < h
             for ox in range(ow):
                 ix0 = ox * sw - pl
+                r0 = _U(ox * c)
                 if rows_in and ix0 >= 0 and ix0 + 2 * dw < w:
-                    # Indexed directly: views would cost reference counting per pixel.
-                    iy1, iy2, ix1, ix2 = iy0 + dh, iy0 + 2 * dh, ix0 + dw, ix0 + 2 * dw
-                    if f32:
-                        for o in range(c):
-                            v = (basef[o] + np.float32(x[b, iy0, ix0, o]) * wf[0, o]
-                                 + np.float32(x[b, iy0, ix1, o]) * wf[1, o]
-                                 + np.float32(x[b, iy0, ix2, o]) * wf[2, o]
-                                 + np.float32(x[b, iy1, ix0, o]) * wf[3, o]
-                                 + np.float32(x[b, iy1, ix1, o]) * wf[4, o]
-                                 + np.float32(x[b, iy1, ix2, o]) * wf[5, o]
-                                 + np.float32(x[b, iy2, ix0, o]) * wf[6, o]
-                                 + np.float32(x[b, iy2, ix1, o]) * wf[7, o]
-                                 + np.float32(x[b, iy2, ix2, o]) * wf[8, o])
-                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
-                    else:
-                        for o in range(c):
-                            v = (base[o] + np.int32(x[b, iy0, ix0, o]) * wt[0, o]
-                                 + np.int32(x[b, iy0, ix1, o]) * wt[1, o]
-                                 + np.int32(x[b, iy0, ix2, o]) * wt[2, o]
-                                 + np.int32(x[b, iy1, ix0, o]) * wt[3, o]
-                                 + np.int32(x[b, iy1, ix1, o]) * wt[4, o]
-                                 + np.int32(x[b, iy1, ix2, o]) * wt[5, o]
-                                 + np.int32(x[b, iy2, ix0, o]) * wt[6, o]
-                                 + np.int32(x[b, iy2, ix1, o]) * wt[7, o]
-                                 + np.int32(x[b, iy2, ix2, o]) * wt[8, o])
-                            out[b, oy, ox, o] = _requant(np.int32(v), m[o], rs[o], zp, lo, hi)
+                    p0 = _U(((b * h + iy0) * w + ix0) * c)
+                    p1 = p0 + dy
+                    p2 = p1 + dy
+                    for o in range(cu):
+                        # Three partial sums: shorter dependency chains.
+                        s0 = (base[o] + np.float32(xf[p0 + o]) * wk[o]
+                              + np.float32(xf[p0 + dx + o]) * wk[k1 + o]
+                              + np.float32(xf[p0 + dx + dx + o]) * wk[k2 + o])
+                        s1 = (np.float32(xf[p1 + o]) * wk[k3 + o]
+                              + np.float32(xf[p1 + dx + o]) * wk[k4 + o]
+                              + np.float32(xf[p1 + dx + dx + o]) * wk[k5 + o])
+                        s2 = (np.float32(xf[p2 + o]) * wk[k6 + o]
+                              + np.float32(xf[p2 + dx + o]) * wk[k7 + o]
+                              + np.float32(xf[p2 + dx + dx + o]) * wk[k8 + o])
+                        row[r0 + o] = s0 + (s1 + s2)
                     continue
-                acc[:] = bias
+                for o in range(cu):
+                    row[r0 + o] = biasf[o]
                 for ky in range(3):
                     iy = iy0 + ky * dh
                     if iy < 0 or iy >= h:
@@ -245,11 +251,15 @@ def depthwise_3x3(x, wt, wf, f32, bias, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, r
                         ix = ix0 + kx * dw
                         if ix < 0 or ix >= w:
                             continue
-                        xr = x[b, iy, ix]
-                        wr = wt[ky * 3 + kx]
-                        for o in range(c):
-                            acc[o] += (np.int32(xr[o]) - x_zp) * wr[o]
-                _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
+                        p = _U(((b * h + iy) * w + ix) * c)
+                        k = _U(ky * 3 + kx) * cu
+                        for o in range(cu):
+                            row[r0 + o] += (np.float32(xf[p + o]) - zpf) * wk[k + o]
+            q0 = _U((b * oh + oy) * ow * c)
+            for ox in range(ow):
+                r0 = _U(ox * c)
+                for o in range(cu):
+                    of[q0 + r0 + o] = _requant(np.int32(row[r0 + o]), m[o], rs[o], zp, lo, hi)
 
 
 @njit(cache=True, nogil=True)

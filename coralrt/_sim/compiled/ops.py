@@ -186,19 +186,21 @@ def depthwise_conv_2d(ctx: OpContext) -> Run | None:
     wt = np.ascontiguousarray(q["w"].reshape(kh, kw, oc), np.int32)
     shape = tuple(out_t.shape)
     if kh == 3 and kw == 3 and oc == c:
-        taps = np.ascontiguousarray(wt.reshape(9, oc))
-        wsum = taps.sum(axis=0, dtype=np.int64)
-        # float32 is exact when every partial sum of bias - x_zp * sum(w) + sum(x * w)
-        # stays an integer below 2^24.
+        taps = wt.reshape(9, oc).astype(np.int64)
+        wsum = taps.sum(axis=0)
+        bias = q["bias"].astype(np.int64)
+        # float32 is exact when every partial sum stays an integer below 2^24: inside
+        # the input, of bias - x_zp * sum(w) + sum(x * w) (|x| <= 255 or 128); at the
+        # borders, of bias + sum((x - x_zp) * w) (|x - x_zp| <= 255).
         x_abs = 255 if q["dtype"] == np.dtype(np.uint8) else 128
-        worst = (np.abs(q["bias"].astype(np.int64) - int(q["x_zp"]) * wsum)
-                 + x_abs * np.abs(taps).sum(axis=0, dtype=np.int64))
-        f32 = bool(worst.max(initial=0) < F32_EXACT)
-        args = (taps, taps.astype(np.float32), f32, q["bias"], wsum.astype(np.int32), q["x_zp"],
-                sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
-        dw3, dtype = loops.depthwise_3x3, q["dtype"]
-
-        return _runner(dw3, args, shape, dtype)
+        w_abs = np.abs(taps).sum(axis=0)
+        worst = np.maximum(np.abs(bias - int(q["x_zp"]) * wsum) + x_abs * w_abs,
+                           np.abs(bias) + 255 * w_abs)
+        if worst.max(initial=0) < F32_EXACT:
+            args = (np.ascontiguousarray(taps, np.float32), bias.astype(np.float32),
+                    wsum.astype(np.float32), q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["rs"],
+                    q["zp"], q["lo"], q["hi"])
+            return _runner(loops.depthwise_3x3, args, shape, q["dtype"])
     args = (wt, q["bias"], q["x_zp"], oc // c, sh, sw, dh, dw, pt, pl, q["m"], q["rs"],
             q["zp"], q["lo"], q["hi"])
     depthwise, dtype = loops.depthwise_conv_2d, q["dtype"]

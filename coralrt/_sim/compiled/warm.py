@@ -20,9 +20,9 @@ def warm_up(jit) -> None:
         jit.conv_2d(x, np.zeros((2, 2), i32), 1, 1, bias, i32(0), 1, 1, 1, 1, 0, 0, *q, out)
         jit.depthwise_conv_2d(x, np.zeros((1, 1, 2), i32), bias, i32(0), 1, 1, 1, 1, 1, 0, 0,
                               *q, out)
-        for f32 in (True, False):
-            jit.depthwise_3x3(x, np.zeros((9, 2), i32), np.zeros((9, 2), np.float32), f32, bias,
-                              bias, i32(0), 1, 1, 1, 1, 1, 1, *q, out)
+        f = np.zeros(2, np.float32)
+        jit.depthwise_3x3(x, np.zeros((9, 2), np.float32), f, f, i32(0), 1, 1, 1, 1, 1, 1, *q,
+                          out)
         a = np.zeros((2, 2), np.float32)
         jit.to_float32(np.zeros((2, 2), dt), i32(0), a)
         jit.im2col_float32(x, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, i32(0), a)
