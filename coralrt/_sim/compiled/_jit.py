@@ -46,47 +46,55 @@ def _requant_row(acc, m, rs, zp, lo, hi, out):
 
 @njit(cache=True, nogil=True)
 def to_float32(x, x_zp, out):
-    """out[r, k] = x[r, k] - x_zp as float32 (exact: 8-bit values)."""
-    rows, k = x.shape
-    for r in range(rows):
-        for j in range(k):
-            out[r, j] = np.float32(np.int32(x[r, j]) - x_zp)
+    """out[r, k] = x[r, k] - x_zp as float32 (exact: 8-bit values); both C-contiguous."""
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    zpf = np.float32(x_zp)
+    for j in range(xf.shape[0]):
+        of[j] = np.float32(xf[j]) - zpf
 
 
 @njit(cache=True, nogil=True)
 def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
     """Rows of output rows y0:y1 of image ``b``: each window's (ky, kx, ci) values
-    minus x_zp as float32, 0 for taps outside the input (they read the zero point)."""
+    minus x_zp as float32, 0 for taps outside the input (they read the zero point).
+    Flat views with unsigned offsets, as in :func:`depthwise_3x3`."""
     n, h, w, c = x.shape
-    x2 = x.reshape(n, h, w * c)
+    xf = x.reshape(-1)
+    af = out.reshape(-1)
+    depth = _U(out.shape[1])
     ow = out.shape[0] // (y1 - y0)
+    cu = _U(c)
+    run = _U(kw * c)
     zero = np.float32(0.0)
-    r = 0
+    zpf = np.float32(x_zp)
+    r = _U(0)
     for oy in range(y0, y1):
         iy0 = oy * sh - pt
         for ox in range(ow):
             ix0 = ox * sw - pl
-            k = 0
+            q = r * depth
             cols_in = dw == 1 and ix0 >= 0 and ix0 + kw <= w
             for ky in range(kh):
                 iy = iy0 + ky * dh
                 inside = 0 <= iy < h
                 if inside and cols_in:        # the window row is kw * c contiguous values
-                    s0 = ix0 * c
-                    for j in range(kw * c):
-                        out[r, k + j] = np.float32(np.int32(x2[b, iy, s0 + j]) - x_zp)
-                    k += kw * c
+                    p = _U(((b * h + iy) * w + ix0) * c)
+                    for j in range(run):
+                        af[q + j] = np.float32(xf[p + j]) - zpf
+                    q += run
                     continue
                 for kx in range(kw):
                     ix = ix0 + kx * dw
                     if inside and 0 <= ix < w:
-                        for ci in range(c):
-                            out[r, k + ci] = np.float32(np.int32(x[b, iy, ix, ci]) - x_zp)
+                        p = _U(((b * h + iy) * w + ix) * c)
+                        for ci in range(cu):
+                            af[q + ci] = np.float32(xf[p + ci]) - zpf
                     else:
-                        for ci in range(c):
-                            out[r, k + ci] = zero
-                    k += c
-            r += 1
+                        for ci in range(cu):
+                            af[q + ci] = zero
+                    q += cu
+            r += _U(1)
 
 
 @njit(cache=True, nogil=True)
