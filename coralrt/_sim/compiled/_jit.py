@@ -295,3 +295,12 @@ def fully_connected(x, wt, bias, x_zp, eff, zp, lo, hi, out):
                 t -= 1.0
             r = np.int64(t) + zp
             out[b, u] = min(max(r, lo), hi)
+
+
+@njit(cache=True, nogil=True)
+def pair_table(a, b, table, out):
+    """out[i] = table[a[i] * 256 + b[i]] for the flat bytes of two same-size 8-bit
+    inputs (the element-wise operators' precomputed table of every code pair)."""
+    for i in range(a.shape[0]):
+        out[i] = table[(_U(a[i]) << _U(8)) | _U(b[i])]
+

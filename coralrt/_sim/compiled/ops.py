@@ -27,7 +27,7 @@ from coralrt._sim.kernels.gemm import (
     _BAND_ELEMENTS, _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
 )
 
-__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected"]
+__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "pair_table"]
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -262,3 +262,25 @@ def fully_connected(ctx: OpContext, double_rounding: bool = True) -> Run | None:
         return [out.reshape(want)]
 
     return run
+
+
+def pair_table(table: np.ndarray, out_shape: tuple[int, ...]) -> Run | None:
+    """An element-wise operator's ``run`` as one compiled gather from its table of
+    all 256 x 256 code pairs, for inputs of the output's shape (broadcasting
+    inputs keep the NumPy gather); None when the compiled loops are off."""
+    loops = jit()
+    if loops is None:
+        return None
+    gather, shape = loops.pair_table, tuple(out_shape)
+
+    def run(inputs):
+        a, b = inputs[0], inputs[1]
+        if a.shape != shape or b.shape != shape:
+            return None
+        out = np.empty(shape, table.dtype)
+        gather(_plain(a).view(np.uint8).reshape(-1), _plain(b).view(np.uint8).reshape(-1),
+               table, out.reshape(-1))
+        return [out]
+
+    return run
+

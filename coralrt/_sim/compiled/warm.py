@@ -29,3 +29,5 @@ def warm_up(jit) -> None:
         jit.requant_rows(a, bias, *q, np.empty((2, 2), dt))
         jit.fully_connected(np.zeros((1, 2), dt), np.zeros((2, 2), i32), np.zeros(2, np.int64),
                             0, np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
+        jit.pair_table(np.zeros(2, dt).view(np.uint8), np.zeros(2, dt).view(np.uint8),
+                       np.zeros(1 << 16, dt), np.empty(2, dt))
