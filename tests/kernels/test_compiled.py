@@ -218,8 +218,8 @@ def test_read_only_and_strided_inputs_compile_nothing_more(monkeypatch):
     _need_compiled()
     monkeypatch.delenv(compiled.ENV, raising=False)
     loops = compiled.jit()
-    names = ("conv_2d", "depthwise_conv_2d", "depthwise_3x3", "im2col_float32", "to_float32",
-             "requant_rows", "fully_connected")
+    names = [n for n in dir(loops) if hasattr(getattr(loops, n), "signatures")]
+    assert {"gemm_requant", "depthwise_3x3", "pair_table"} <= set(names)
     before = {n: len(getattr(loops, n).signatures) for n in names}
     data = _conv_model(np.int8)
     x = (np.arange(216) % 256 - 128).astype(np.int8).reshape(1, 6, 12, 3)[:, :, ::2]

@@ -17,12 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from coralrt._sim.compiled._simd import COLS, ROWS, pair_dot_block
+
 _HALF = np.int64(1) << np.int64(30)
 _U = np.uint64
-
-# The pixels of one output row a convolution accumulates at once (each weight
-# loaded once per group).
-_GROUP = 4
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -45,29 +43,39 @@ def _requant_row(acc, m, rs, zp, lo, hi, out):
 
 
 @njit(cache=True, nogil=True)
-def to_float32(x, x_zp, out):
-    """out[r, k] = x[r, k] - x_zp as float32 (exact: 8-bit values); both C-contiguous."""
+def rows_int16(x, x_zp, out):
+    """out[r, j] = x[r, j] - x_zp as int16 for the (rows, k) 8-bit ``x``; the rest
+    of ``out`` (more rows, an even row length) is set to 0."""
+    rows, k = x.shape
     xf = x.reshape(-1)
     of = out.reshape(-1)
-    zpf = np.float32(x_zp)
-    for j in range(xf.shape[0]):
-        of[j] = np.float32(xf[j]) - zpf
+    kp = _U(out.shape[1])
+    ku = _U(k)
+    for r in range(_U(rows)):
+        src = r * ku
+        dst = r * kp
+        for j in range(ku):
+            of[dst + j] = np.int16(np.int32(xf[src + j]) - x_zp)
+        for j in range(ku, kp):
+            of[dst + j] = 0
+    for j in range(_U(rows) * kp, _U(of.shape[0])):
+        of[j] = 0
 
 
 @njit(cache=True, nogil=True)
-def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
-    """Rows of output rows y0:y1 of image ``b``: each window's (ky, kx, ci) values
-    minus x_zp as float32, 0 for taps outside the input (they read the zero point).
-    Flat views with unsigned offsets, as in :func:`depthwise_3x3`."""
+def im2col_int16(x, b, y0, y1, ow, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
+    """The windows of output rows y0:y1 (``ow`` pixels each) of image ``b`` as rows
+    of int16: each window's (ky, kx, ci) values minus x_zp, 0 for taps outside
+    the input (they read the zero point); the rest of ``out`` (more rows, an
+    even row length) is set to 0.  Flat views with unsigned offsets, as in
+    :func:`depthwise_3x3`."""
     n, h, w, c = x.shape
     xf = x.reshape(-1)
     af = out.reshape(-1)
     depth = _U(out.shape[1])
-    ow = out.shape[0] // (y1 - y0)
     cu = _U(c)
     run = _U(kw * c)
-    zero = np.float32(0.0)
-    zpf = np.float32(x_zp)
+    used = _U(kh * kw * c)
     r = _U(0)
     for oy in range(y0, y1):
         iy0 = oy * sh - pt
@@ -81,7 +89,7 @@ def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
                 if inside and cols_in:        # the window row is kw * c contiguous values
                     p = _U(((b * h + iy) * w + ix0) * c)
                     for j in range(run):
-                        af[q + j] = np.float32(xf[p + j]) - zpf
+                        af[q + j] = np.int16(np.int32(xf[p + j]) - x_zp)
                     q += run
                     continue
                 for kx in range(kw):
@@ -89,74 +97,40 @@ def im2col_float32(x, b, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
                     if inside and 0 <= ix < w:
                         p = _U(((b * h + iy) * w + ix) * c)
                         for ci in range(cu):
-                            af[q + ci] = np.float32(xf[p + ci]) - zpf
+                            af[q + ci] = np.int16(np.int32(xf[p + ci]) - x_zp)
                     else:
                         for ci in range(cu):
-                            af[q + ci] = zero
+                            af[q + ci] = 0
                     q += cu
+            for j in range(used, depth):
+                af[r * depth + j] = 0
             r += _U(1)
+    for j in range(r * depth, _U(af.shape[0])):
+        af[j] = 0
 
 
 @njit(cache=True, nogil=True)
-def requant_rows(acc, bias, m, rs, zp, lo, hi, out):
-    """acc (rows, oc) float32 holding exact integers (a GEMM's sums, without bias)."""
-    rows, oc = acc.shape
-    for r in range(rows):
-        for o in range(oc):
-            out[r, o] = _requant(np.int32(np.int32(acc[r, o]) + bias[o]), m[o], rs[o], zp, lo,
-                                 hi)
-
-
-@njit(cache=True, nogil=True)
-def conv_2d(x, wt, kh, kw, bias, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, lo, hi, out):
-    """x (n, h, w, c); wt (kh * kw * c, oc) int32 with the weight offset applied, rows
-    in (ky, kx, ci) order; bias, m, rs int32 (oc); out (n, oh, ow, oc)."""
-    n, h, w, c = x.shape
-    kk, oc = wt.shape
-    oh, ow = out.shape[1], out.shape[2]
-    acc = np.empty((_GROUP, oc), np.int32)
-    xv = np.zeros((_GROUP, kk), np.int32)
-    for b in range(n):
-        for oy in range(oh):
-            iy0 = oy * sh - pt
-            for ox0 in range(0, ow, _GROUP):
-                g = min(_GROUP, ow - ox0)
-                # The group's windows as rows of (x - x_zp); taps outside the input
-                # read the zero point, which adds 0.
-                for p in range(g):
-                    ix0 = (ox0 + p) * sw - pl
-                    k = 0
-                    for ky in range(kh):
-                        iy = iy0 + ky * dh
-                        for kx in range(kw):
-                            ix = ix0 + kx * dw
-                            if iy < 0 or iy >= h or ix < 0 or ix >= w:
-                                for ci in range(c):
-                                    xv[p, k + ci] = 0
-                            else:
-                                for ci in range(c):
-                                    xv[p, k + ci] = np.int32(x[b, iy, ix, ci]) - x_zp
-                            k += c
-                    acc[p, :] = bias
-                if g == _GROUP:
-                    for k in range(kk):
-                        a0, a1, a2, a3 = xv[0, k], xv[1, k], xv[2, k], xv[3, k]
-                        wr = wt[k]
-                        for o in range(oc):
-                            wo = wr[o]
-                            acc[0, o] += a0 * wo
-                            acc[1, o] += a1 * wo
-                            acc[2, o] += a2 * wo
-                            acc[3, o] += a3 * wo
-                else:
-                    for p in range(g):
-                        for k in range(kk):
-                            a = xv[p, k]
-                            wr = wt[k]
-                            for o in range(oc):
-                                acc[p, o] += a * wr[o]
-                for p in range(g):
-                    _requant_row(acc[p], m, rs, zp, lo, hi, out[b, oy, ox0 + p])
+def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
+    """out[r, c] for r < rows, c < n: the requantized int32 sum of row r of ``a``
+    (int16 pairs as int32, see :mod:`._simd`; its rows a multiple of ROWS) with
+    column c of the packed weights ``b``, plus bias[c].  ``out`` is flat, rows
+    x n values; bias, m and rs have n values."""
+    rows_pad, kp = a.shape
+    af = a.reshape(-1)
+    acc = np.empty(ROWS * COLS, np.int32)
+    nu = _U(n)
+    for c0 in range(0, n_pad, COLS):
+        width = _U(min(COLS, n - c0))
+        cu0 = _U(c0)
+        for r0 in range(0, rows_pad, ROWS):
+            pair_dot_block(af, r0 * kp, kp, b, 2 * c0, 2 * n_pad, kp, acc)
+            for i in range(min(ROWS, rows - r0)):
+                dst = _U(r0 + i) * nu + cu0
+                src = _U(i * COLS)
+                for c in range(width):
+                    o = cu0 + c
+                    out[dst + c] = _requant(np.int32(acc[src + c] + bias[o]), m[o], rs[o], zp,
+                                            lo, hi)
 
 
 @njit(cache=True, nogil=True)

@@ -24,7 +24,7 @@ from coralrt._sim.compiled import jit
 from coralrt._sim.kernels import OpContext, Run
 from coralrt._ops.arith.scratch import TEMPORARIES
 from coralrt._sim.kernels.gemm import (
-    _BAND_ELEMENTS, _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
+    _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
 )
 
 __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "pair_table"]
@@ -32,8 +32,12 @@ __all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "pair_table"]
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 #: Sums whose partial sums stay below this (2^24) are exact in float32 and may
-#: run there (BLAS, or the 3x3 depthwise loop); above it the int32 loops run.
+#: run there (the 3x3 depthwise loop); above it the int32 loops run.
 F32_EXACT = _F32_EXACT
+
+#: int16 pairs of a convolution band's rows (128 KiB): the band stays in the
+#: cache while every block of columns reads it.
+_PAIR_BAND = 1 << 15
 
 
 def _runner(loop, args: tuple, shape, dtype):
@@ -104,41 +108,33 @@ def conv_2d(ctx: OpContext) -> Run | None:
         q = _setup(ctx, w, 0, 2)
     except CoralRTError:                 # the NumPy kernel raises it again, with context
         return None
-    if q is None:
+    if q is None or np.abs(q["w"]).max(initial=0) > 255:   # 16-bit products: 8-bit weights
         return None
-    shape = tuple(out_t.shape)
-    run = _gemm_conv(loops, q, x_t.shape, shape, (kh, kw, sh, sw, dh, dw, pt, pl))
-    if run is not None:
-        return run
-    # (kh * kw * c, oc): one row per tap and input channel
-    wt = np.ascontiguousarray(q["w"].transpose(1, 2, 3, 0).reshape(-1, oc), np.int32)
-    args = (wt, kh, kw, q["bias"], q["x_zp"], sh, sw, dh, dw, pt, pl, q["m"], q["rs"], q["zp"],
-            q["lo"], q["hi"])
-    conv, dtype = loops.conv_2d, q["dtype"]
-
-    return _runner(conv, args, shape, dtype)
+    return _pair_gemm_conv(loops, q, x_t.shape, tuple(out_t.shape),
+                           (kh, kw, sh, sw, dh, dw, pt, pl))
 
 
-def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
-    """The convolution as one float32 BLAS product per band of output rows (inputs
-    laid out by a compiled im2col, or converted in place for 1x1 windows), exact
-    when every partial sum is an integer below 2^24 (else None: the integer
-    loop), then the compiled requantization of the band's accumulators."""
+def _pair_gemm_conv(loops, q, in_shape, shape, geometry) -> Run:
+    """The convolution as an integer GEMM per band of output rows: the windows as
+    rows of int16 (``x - x_zp``, laid out by a compiled im2col, or converted as
+    they are for 1x1 windows), their int32 sums with the weights in blocks of
+    ROWS x COLS (:mod:`._simd`), each block requantized as it is finished."""
     kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    rows_, cols = loops.ROWS, loops.COLS
     w = q["w"]                                                    # (oc, kh, kw, c)
     oc = w.shape[0]
-    wk = w.transpose(1, 2, 3, 0).reshape(-1, oc)                  # (kh * kw * c, oc)
-    if int(np.abs(wk).sum(axis=0).max(initial=0)) * _max_abs_input(q["dtype"], q["x_zp"]) \
-            >= F32_EXACT:
-        return None
-    b = np.ascontiguousarray(wk, np.float32)
+    depth = kh * kw * w.shape[3]
+    kp = (depth + 1) // 2                                         # int16 pairs per row
+    n_pad = -(-oc // cols) * cols
+    wk = np.zeros((2 * kp, n_pad), np.int16)
+    wk[:depth, :oc] = w.transpose(1, 2, 3, 0).reshape(depth, oc)  # |w| <= 255
+    b = np.ascontiguousarray(wk.reshape(kp, 2, n_pad).transpose(0, 2, 1)).reshape(-1)
     n, oh, ow, _ = shape
-    depth = b.shape[0]
     pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
-    band = max(1, _BAND_ELEMENTS // max(ow * max(depth, oc), 1))   # output rows per band
+    band = max(1, _PAIR_BAND // max(ow * kp, 1))                  # output rows per band
     req = (q["bias"], q["m"], q["rs"], q["zp"], q["lo"], q["hi"])
     x_zp, dtype = q["x_zp"], q["dtype"]
-    to_float32, im2col, requant = loops.to_float32, loops.im2col_float32, loops.requant_rows
+    to_int16, im2col, gemm = loops.rows_int16, loops.im2col_int16, loops.gemm_requant
 
     def run(inputs):
         x = inputs[0]
@@ -146,18 +142,17 @@ def _gemm_conv(loops, q, in_shape, shape, geometry) -> Run | None:
             x = x[:, ::sh, ::sw]
         x = _plain(x)
         out = np.empty(shape, dtype)
+        flat = out.reshape(n, oh * ow * oc)
         for bi in range(n):
             for y0 in range(0, oh, band):
                 y1 = min(oh, y0 + band)
                 r = (y1 - y0) * ow
-                a = TEMPORARIES.array("compiled.a", (r, depth), np.float32)
-                acc = TEMPORARIES.array("compiled.acc", (r, oc), np.float32)
+                a = TEMPORARIES.array("compiled.a", (-(-r // rows_) * rows_, 2 * kp), np.int16)
                 if pointwise:
-                    to_float32(x[bi, y0:y1].reshape(r, depth), x_zp, a)
+                    to_int16(x[bi, y0:y1].reshape(r, depth), x_zp, a)
                 else:
-                    im2col(x, bi, y0, y1, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, a)
-                np.matmul(a, b, out=acc)
-                requant(acc, *req, out[bi, y0:y1].reshape(r, oc))
+                    im2col(x, bi, y0, y1, ow, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, a)
+                gemm(a.view(np.int32), r, b, oc, n_pad, *req, flat[bi, y0 * ow * oc:y1 * ow * oc])
         return [out]
 
     return run

@@ -17,16 +17,16 @@ def warm_up(jit) -> None:
     for dt in (np.uint8, np.int8):
         x = np.zeros((1, 2, 2, 2), dt)
         out = np.empty((1, 2, 2, 2), dt)
-        jit.conv_2d(x, np.zeros((2, 2), i32), 1, 1, bias, i32(0), 1, 1, 1, 1, 0, 0, *q, out)
         jit.depthwise_conv_2d(x, np.zeros((1, 1, 2), i32), bias, i32(0), 1, 1, 1, 1, 1, 0, 0,
                               *q, out)
         f = np.zeros(2, np.float32)
         jit.depthwise_3x3(x, np.zeros((9, 2), np.float32), f, f, i32(0), 1, 1, 1, 1, 1, 1, *q,
                           out)
-        a = np.zeros((2, 2), np.float32)
-        jit.to_float32(np.zeros((2, 2), dt), i32(0), a)
-        jit.im2col_float32(x, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, i32(0), a)
-        jit.requant_rows(a, bias, *q, np.empty((2, 2), dt))
+        a = np.zeros((4, 2), np.int16)
+        jit.rows_int16(np.zeros((2, 2), dt), i32(0), a)
+        jit.im2col_int16(x, 0, 0, 1, 2, 1, 1, 1, 1, 1, 1, 0, 0, i32(0), a)
+        jit.gemm_requant(a.view(i32), 2, np.zeros(2 * 32, np.int16), 2, 32, bias, *q,
+                         np.empty(4, dt))
         jit.fully_connected(np.zeros((1, 2), dt), np.zeros((2, 2), i32), np.zeros(2, np.int64),
                             0, np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
         jit.pair_table(np.zeros(2, dt).view(np.uint8), np.zeros(2, dt).view(np.uint8),
