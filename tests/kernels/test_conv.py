@@ -107,7 +107,10 @@ def conv_cases(draw, depthwise=False):
         kh = kw = dh = dw = 1
         oh = compute_out_size(pad_code, h, 1, sh)
         ow = compute_out_size(pad_code, w, 1, sw)
-    mult = draw(st.integers(1, 3)) if depthwise else draw(st.integers(1, 7))
+    # CONV_2D: also enough output channels for the compiled kernels' 16-lane
+    # requantization and their blocks of 32 columns (with a remainder).
+    mult = draw(st.integers(1, 3)) if depthwise \
+        else draw(st.one_of(st.integers(1, 7), st.integers(14, 70)))
     return dict(
         dtype=dtype, n=n, h=h, w=w, c=c, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw,
         padding=padding, oh=oh, ow=ow, mult=mult,
@@ -154,6 +157,23 @@ def test_conv_2d_deep(dtype, kernel, stride, padding):
                    (1, out, out, oc), padding=padding, stride_h=stride, stride_w=stride,
                    fused_activation_function="RELU6")
     check(model, [_ints(rng, (1, h, h, c), dtype)])
+
+
+@pytest.mark.parametrize("dtype,per_channel", [(np.uint8, False), (np.int8, True),
+                                               (np.int8, False)])
+@pytest.mark.parametrize("size,c,oc,stride", [(14, 24, 144, 1), (7, 96, 40, 1), (9, 45, 33, 2),
+                                              (1, 160, 70, 1), (5, 16, 16, 1)])
+def test_conv_2d_pointwise_shapes(dtype, per_channel, size, c, oc, stride):
+    """1x1 convolutions as in MobileNet v2: output channels in blocks of 32 and
+    lanes of 16 with remainders, pixel counts not a multiple of 4, odd depths."""
+    rng = np.random.default_rng(size * 1000 + c * 10 + oc)
+    q = Quant(rng, dtype, oc, per_channel, c)
+    w, w_zp = _weights(rng, (oc, 1, 1, c), dtype, None)
+    out = compute_out_size(0, size, 1, stride)
+    model = _build("CONV_2D", (1, size, size, c), dtype, q, w, w_zp, q.bias(rng, oc),
+                   (1, out, out, oc), padding="SAME", stride_h=stride, stride_w=stride,
+                   fused_activation_function="RELU6")
+    check(model, [_ints(rng, (1, size, size, c), dtype)])
 
 
 def test_conv_2d_mobilenet_stem():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from coralrt._sim.compiled._simd import COLS, ROWS, pair_dot_block
+from coralrt._sim.compiled._simd import COLS, LANES, ROWS, pair_dot_block, requant_lanes
 
 _HALF = np.int64(1) << np.int64(30)
 _U = np.uint64
@@ -127,10 +127,15 @@ def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
             for i in range(min(ROWS, rows - r0)):
                 dst = _U(r0 + i) * nu + cu0
                 src = _U(i * COLS)
-                for c in range(width):
+                c = _U(0)
+                while c + _U(LANES) <= width:
+                    requant_lanes(acc, src + c, bias, m, rs, cu0 + c, zp, lo, hi, out, dst + c)
+                    c += _U(LANES)
+                while c < width:
                     o = cu0 + c
                     out[dst + c] = _requant(np.int32(acc[src + c] + bias[o]), m[o], rs[o], zp,
                                             lo, hi)
+                    c += _U(1)
 
 
 @njit(cache=True, nogil=True)
@@ -195,6 +200,7 @@ def depthwise_3x3(x, wf, biasf, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, l
     for o in range(c):
         base[o] = biasf[o] - zpf * wsum[o]
     row = np.empty(ow * c, np.float32)
+    zeros = np.zeros(c, np.int32)          # the row's sums include the bias
     dx = _U(dw * c)
     dy = _U(dh * w * c)
     k1, k2, k3, k4 = cu, _U(2) * cu, _U(3) * cu, _U(4) * cu
@@ -240,8 +246,13 @@ def depthwise_3x3(x, wf, biasf, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, l
             q0 = _U((b * oh + oy) * ow * c)
             for ox in range(ow):
                 r0 = _U(ox * c)
-                for o in range(cu):
+                o = _U(0)
+                while o + _U(LANES) <= cu:
+                    requant_lanes(row, r0 + o, zeros, m, rs, o, zp, lo, hi, of, q0 + r0 + o)
+                    o += _U(LANES)
+                while o < cu:
                     of[q0 + r0 + o] = _requant(np.int32(row[r0 + o]), m[o], rs[o], zp, lo, hi)
+                    o += _U(1)
 
 
 @njit(cache=True, nogil=True)
