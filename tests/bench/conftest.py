@@ -56,12 +56,14 @@ RATIOS = [
      "for reference"),
     ("numpy backend deeplabv3", "litert backend deeplabv3",
      "ratio numpy backend / LiteRT default, DeepLab v3, 1 thread (median)", "for reference"),
-    ("numpy backend mobilenet_v2", "interleaved mobilenet_v2_uint8 sim",
-     "ratio numpy backend / sim, MobileNet v2 uint8 (medians)", "goal <= 1"),
-    ("numpy backend mobilenet_v2_int8_tf2", "interleaved mobilenet_v2_int8_tf2 sim",
-     "ratio numpy backend / sim, TF2 int8 MobileNet v2 (medians)", "goal <= 1"),
-    ("numpy backend deeplabv3", "interleaved deeplabv3_mnv2_dm05 sim",
-     "ratio numpy backend / sim, DeepLab v3 (medians)", "goal <= 1"),
+    # Both halves alternate run by run (test_numpy_backend_vs_sim_interleaved).
+    ("interleaved numpy mobilenet_v2", "interleaved numpy-vs-sim sim mobilenet_v2",
+     "ratio numpy backend / sim, MobileNet v2 uint8 (interleaved medians)", "goal <= 1"),
+    ("interleaved numpy mobilenet_v2_int8_tf2",
+     "interleaved numpy-vs-sim sim mobilenet_v2_int8_tf2",
+     "ratio numpy backend / sim, TF2 int8 MobileNet v2 (interleaved medians)", "goal <= 1"),
+    ("interleaved numpy deeplabv3", "interleaved numpy-vs-sim sim deeplabv3",
+     "ratio numpy backend / sim, DeepLab v3 (interleaved medians)", "goal <= 1"),
 ]
 
 #: Interleaved sim-vs-LiteRT benchmarks (test_bench_sim.py): model key ->

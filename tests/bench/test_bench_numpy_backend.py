@@ -10,6 +10,9 @@ int8 MobileNet v2, so they are not the yardstick.)
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import numpy as np
 import pytest
 from conftest import random_inputs, run_litert, shared_model
@@ -49,3 +52,38 @@ def test_numpy_backend_vs_litert(benchmark, record_median, case, backend):
     if backend == "numpy":
         for (name, value), ref in zip(out.items(), want):
             np.testing.assert_array_equal(value, ref, err_msg=f"{key}: {name}")
+
+
+#: Models whose NumPy backend is compared with the simulator, run by run.
+SIM_MODELS = ("mobilenet_v2", "mobilenet_v2_int8_tf2", "deeplabv3")
+
+
+@pytest.mark.parametrize("key", SIM_MODELS)
+def test_numpy_backend_vs_sim_interleaved(benchmark, record_value, key):
+    path = shared_model(MODELS[key])
+    numpy = InferenceSession(path, target="cpu", backend="numpy", num_threads=1)
+    sim = InferenceSession(path, target="sim", num_threads=1)
+    feed = dict(zip([i.name for i in numpy.get_inputs()],
+                    random_inputs(numpy.get_inputs(), seed=0)))
+    for _ in range(WARMUP):
+        numpy.run(feed)
+        sim.run(feed)
+    sim_times: list[float] = []
+
+    def setup():   # untimed by pytest-benchmark: the simulator's half of each round
+        t0 = time.perf_counter()
+        sim.run(feed)
+        sim_times.append(time.perf_counter() - t0)
+        return (feed,), {}
+
+    benchmark.group = f"{key} 1 thread: numpy backend vs sim, interleaved"
+    out = benchmark.pedantic(numpy.run, setup=setup, rounds=ROUNDS[key], iterations=1,
+                             warmup_rounds=0)
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:
+        record_value(f"interleaved numpy {key}", stats.stats.median)
+        record_value(f"interleaved numpy-vs-sim sim {key}", statistics.median(sim_times))
+    want = sim.run(feed)
+    for name, value in out.items():
+        np.testing.assert_array_equal(value, want[name], err_msg=f"{key}: {name}")
+
