@@ -176,6 +176,31 @@ def test_conv_2d_pointwise_shapes(dtype, per_channel, size, c, oc, stride):
     check(model, [_ints(rng, (1, size, size, c), dtype)])
 
 
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("dtype,per_channel", [(np.uint8, False), (np.int8, True)])
+def test_multipliers_above_one(op, dtype, per_channel):
+    """An output scale below input scale times weight scale: multipliers above 1,
+    whose left shift the reference applies to the sum before the high
+    multiplication (some channels of per-channel models have them)."""
+    rng = np.random.default_rng(11 if op == "CONV_2D" else 12)
+    c, size = 40, 6
+    oc = 36 if op == "CONV_2D" else c
+    q = Quant(rng, dtype, oc, per_channel, 9 * c if op == "CONV_2D" else 9)
+    q.out_scale = float(q.in_scale * q.w_scales.min() / 5.0)
+    shape = (oc, 3, 3, c) if op == "CONV_2D" else (1, 3, 3, oc)
+    w, w_zp = _weights(rng, shape, dtype, 6)
+    bias = q.bias(rng, oc, magnitude=40)
+    options = {"stride_h": 1, "stride_w": 1}
+    if op != "CONV_2D":
+        options["depth_multiplier"] = 1
+    model = _build(op, (1, size, size, c), dtype, q, w, w_zp, bias, (1, size, size, oc),
+                   axis=0 if op == "CONV_2D" else 3, padding="SAME", **options)
+    # Inputs near their zero point: small sums, so that outputs do not all saturate.
+    info = np.iinfo(dtype)
+    x = np.clip(q.in_zp + rng.integers(-4, 5, size=(1, size, size, c)), info.min, info.max)
+    check(model, [x.astype(dtype)])
+
+
 def test_conv_2d_mobilenet_stem():
     """A MobileNet stem: 224x224x3, 3x3 stride 2 SAME, uint8, RELU6."""
     rng = np.random.default_rng(7)

@@ -73,24 +73,33 @@ def _setup(ctx: OpContext, w: np.ndarray, channel_axis: int, bias_index: int):
         return None
     mult, shift = _multiplier(ctx.scale(x_t), w_scales[:1] if uint8 else w_scales,
                               ctx.scale(out_t), float_product=uint8)
-    if (shift > 0).any() or (shift < -31).any():
-        return None      # multipliers above 1 (left shifts): the NumPy kernel
+    full = np.ones(channels, np.int64)
+    shift = shift.astype(np.int64) * full
+    if (shift < -31).any() or (shift > 30).any():
+        return None
     zp = ctx.zero_point(out_t)
     lo, hi = activation_range(ctx, int(ctx.params.get("fused_activation_function", 0)),
                               ctx.scale(out_t), zp, out_dtype)
     w_offset = int(w_zps[0]) if uint8 and w_zps.size else 0
-    wi = w.astype(np.int64) - w_offset
+    bias = _bias(ctx, bias_index, channels, "")
+    bias = np.zeros(channels, np.int64) if bias is None else bias.astype(np.int64)
+    # A multiplier above 1 shifts the sum left before the high multiplication
+    # (MultiplyByQuantizedMultiplier's ``x * (1 << left_shift)``): folded into the
+    # weights and the bias, so the loops only ever shift right.  Exact while the
+    # shifted sum stays within int32, which the bound below checks.
+    left = np.left_shift(1, np.maximum(shift, 0))
+    wi = (w.astype(np.int64) - w_offset) * left.reshape(
+        [-1 if a == channel_axis else 1 for a in range(w.ndim)])
+    bias = bias * left
     x_zp = ctx.zero_point(x_t)
     acc_bound = (np.abs(np.moveaxis(wi, channel_axis, 0).reshape(channels, -1)).sum(axis=1)
                  * _max_abs_input(in_dtype, x_zp))
-    bias = _bias(ctx, bias_index, channels, "")
     if may_wrap(bias, acc_bound):        # the int32 accumulator could wrap: NumPy kernel
         return None
-    full = np.ones(channels, np.int64)
     i32 = np.int32
-    return dict(w=wi, bias=(np.zeros(channels, i32) if bias is None else bias.astype(i32)),
-                m=(mult * full).astype(i32), rs=(-shift * full).astype(i32), zp=i32(zp),
-                lo=i32(lo), hi=i32(hi), x_zp=i32(x_zp), dtype=out_dtype)
+    return dict(w=wi, bias=bias.astype(i32), m=(mult * full).astype(i32),
+                rs=np.maximum(-shift, 0).astype(i32), zp=i32(zp), lo=i32(lo), hi=i32(hi),
+                x_zp=i32(x_zp), dtype=out_dtype)
 
 
 def conv_2d(ctx: OpContext) -> Run | None:
@@ -108,7 +117,7 @@ def conv_2d(ctx: OpContext) -> Run | None:
         q = _setup(ctx, w, 0, 2)
     except CoralRTError:                 # the NumPy kernel raises it again, with context
         return None
-    if q is None or np.abs(q["w"]).max(initial=0) > 255:   # 16-bit products: 8-bit weights
+    if q is None or np.abs(q["w"]).max(initial=0) > np.iinfo(np.int16).max:   # int16 pairs
         return None
     return _pair_gemm_conv(loops, q, x_t.shape, tuple(out_t.shape),
                            (kh, kw, sh, sw, dh, dw, pt, pl))
@@ -127,7 +136,7 @@ def _pair_gemm_conv(loops, q, in_shape, shape, geometry) -> Run:
     kp = (depth + 1) // 2                                         # int16 pairs per row
     n_pad = -(-oc // cols) * cols
     wk = np.zeros((2 * kp, n_pad), np.int16)
-    wk[:depth, :oc] = w.transpose(1, 2, 3, 0).reshape(depth, oc)  # |w| <= 255
+    wk[:depth, :oc] = w.transpose(1, 2, 3, 0).reshape(depth, oc)  # int16 (conv_2d checks)
     b = np.ascontiguousarray(wk.reshape(kp, 2, n_pad).transpose(0, 2, 1)).reshape(-1)
     n, oh, ow, _ = shape
     pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
