@@ -113,7 +113,8 @@ def im2col_int16(x, b, y0, y1, ow, kh, kw, sh, sw, dh, dw, pt, pl, x_zp, out):
 def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
     """out[r, c] for r < rows, c < n: the requantized int32 sum of row r of ``a``
     (int16 pairs as int32, see :mod:`._simd`; its rows a multiple of ROWS) with
-    column c of the packed weights ``b``, plus bias[c].  ``out`` is flat, rows
+    column c of the weights ``b``, plus bias[c].  ``b`` holds n_pad / COLS
+    blocks one after the other, each (kp, COLS, 2).  ``out`` is flat, rows
     x n values; bias, m and rs have n values."""
     rows_pad, kp = a.shape
     af = a.reshape(-1)
@@ -123,7 +124,7 @@ def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
         width = _U(min(COLS, n - c0))
         cu0 = _U(c0)
         for r0 in range(0, rows_pad, ROWS):
-            pair_dot_block(af, r0 * kp, kp, b, 2 * c0, 2 * n_pad, kp, acc)
+            pair_dot_block(af, r0 * kp, kp, b, 2 * c0 * kp, 2 * COLS, kp, acc)
             for i in range(min(ROWS, rows - r0)):
                 dst = _U(r0 + i) * nu + cu0
                 src = _U(i * COLS)

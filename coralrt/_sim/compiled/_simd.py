@@ -27,9 +27,9 @@ Operands of pair_dot_block, all C-contiguous:
 
 * ``a``: int32 view of a (rows, 2 * kp) int16 matrix, flat; ``a_off`` the
   first row's offset and ``a_stride`` a row's length, in int32 units (kp).
-* ``b``: flat int16 weights packed as (kp, n_pad, 2): for step ``k`` and
-  column ``c``, the weights of rows 2k and 2k + 1; ``b_off`` the block's first
-  column times 2, ``b_stride`` n_pad * 2.
+* ``b``: flat int16 weights; from ``b_off`` on, step ``k`` of the block holds
+  for each of its COLS columns the weights of rows 2k and 2k + 1, and the
+  next step starts ``b_stride`` values later.
 * ``acc``: int32, ROWS * COLS, written row after row.
 """
 

@@ -137,7 +137,10 @@ def _pair_gemm_conv(loops, q, in_shape, shape, geometry) -> Run:
     n_pad = -(-oc // cols) * cols
     wk = np.zeros((2 * kp, n_pad), np.int16)
     wk[:depth, :oc] = w.transpose(1, 2, 3, 0).reshape(depth, oc)  # int16 (conv_2d checks)
-    b = np.ascontiguousarray(wk.reshape(kp, 2, n_pad).transpose(0, 2, 1)).reshape(-1)
+    # Block-major: each block of `cols` columns holds its kp steps of (cols, 2)
+    # weights contiguously, so a block streams through memory in order.
+    b = np.ascontiguousarray(
+        wk.reshape(kp, 2, n_pad // cols, cols).transpose(2, 0, 3, 1)).reshape(-1)
     n, oh, ow, _ = shape
     pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
     band = max(1, _PAIR_BAND // max(ow * kp, 1))                  # output rows per band
