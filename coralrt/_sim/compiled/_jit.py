@@ -1,4 +1,5 @@
-"""The compiled kernels' numba loops (the only module that imports numba).
+"""The compiled kernels' numba loops (with :mod:`._simd`'s vector blocks and
+:mod:`._softmax`'s rows, the only modules that import numba).
 
 Every loop computes in integers exactly what TFLite's reference kernels do:
 int32 accumulators of zero-point-corrected 8-bit products (the callers only
@@ -18,6 +19,10 @@ import numpy as np
 from numba import njit
 
 from coralrt._sim.compiled._simd import COLS, LANES, ROWS, pair_dot_block, requant_lanes
+from coralrt._sim.compiled._softmax import softmax_rows
+
+__all__ = ["rows_int16", "im2col_int16", "gemm_requant", "depthwise_conv_2d", "depthwise_3x3",
+           "fully_connected", "pair_table", "softmax_rows", "ROWS", "COLS"]
 
 _HALF = np.int64(1) << np.int64(30)
 _U = np.uint64

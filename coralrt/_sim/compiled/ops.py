@@ -27,7 +27,7 @@ from coralrt._sim.kernels.gemm import (
     _F32_EXACT, _bias, _conv_geometry, _max_abs_input, _multiplier,
 )
 
-__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "pair_table"]
+__all__ = ["conv_2d", "depthwise_conv_2d", "fully_connected", "pair_table", "softmax"]
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -288,6 +288,29 @@ def pair_table(table: np.ndarray, out_shape: tuple[int, ...]) -> Run | None:
         gather(_plain(a).view(np.uint8).reshape(-1), _plain(b).view(np.uint8).reshape(-1),
                table, out.reshape(-1))
         return [out]
+
+    return run
+
+
+def softmax(exp_acc: np.ndarray, exp_q0: np.ndarray, out_dtype, out_shape) -> Run | None:
+    """An 8-bit SOFTMAX's ``run`` over rows of the last axis, from the NumPy
+    kernel's tables of exp per difference from the row maximum; None when the
+    compiled loops are off."""
+    loops = jit()
+    if loops is None:
+        return None
+    info = np.iinfo(out_dtype)
+    bits, lo, hi = out_dtype.itemsize * 8, int(info.min), int(info.max)
+    acc = np.ascontiguousarray(exp_acc, np.int64)
+    q0 = np.ascontiguousarray(exp_q0, np.int64)
+    rows_of, shape = loops.softmax_rows, tuple(out_shape)
+
+    def run(inputs):
+        x = _plain(inputs[0])
+        flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+        out = np.empty(flat.shape, out_dtype)
+        rows_of(flat, acc, q0, bits, lo, hi, out)
+        return [out.reshape(shape)]
 
     return run
 

@@ -31,3 +31,8 @@ def warm_up(jit) -> None:
                             0, np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
         jit.pair_table(np.zeros(2, dt).view(np.uint8), np.zeros(2, dt).view(np.uint8),
                        np.zeros(1 << 16, dt), np.empty(2, dt))
+        e = np.ones(256, np.int64)
+        for out_dt in (dt, np.int16):
+            info = np.iinfo(out_dt)
+            jit.softmax_rows(np.zeros((1, 2), dt), e, e, info.bits, int(info.min), int(info.max),
+                             np.empty((1, 2), out_dt))
