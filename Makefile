@@ -4,7 +4,7 @@ VPY := $(VENV)/bin/python
 # Stamp file: the venv is rebuilt only when the dependency list changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: $(VENV) venv demo test test-nolitert test-fast collect-noshared bench fuzz soak clean pycoral-suite
+.PHONY: $(VENV) venv demo test test-nolitert test-fast collect-noshared bench bench-fast fuzz soak clean pycoral-suite
 
 venv: $(STAMP)
 
@@ -39,10 +39,14 @@ test-nolitert:
 # harness then checks every kernel on both paths, and CORALRT_REQUIRE_COMPILED=1 makes
 # the tests that need numba fail instead of skipping.  The dev venv stays without numba.
 FASTVENV ?= .venv-fast
-test-fast:
+FASTSTAMP := $(FASTVENV)/.installed
+$(FASTSTAMP): pyproject.toml
 	$(PYTHON) -m venv $(FASTVENV)
 	$(FASTVENV)/bin/python -m pip install -q --upgrade pip
 	$(FASTVENV)/bin/python -m pip install -q -e '.[dev,fast]'
+	touch $(FASTSTAMP)
+
+test-fast: $(FASTSTAMP)
 	CORALRT_REQUIRE_COMPILED=1 $(FASTVENV)/bin/python -m pytest -q tests/kernels \
 		tests/test_sim_session.py
 
@@ -61,6 +65,10 @@ collect-noshared: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) -m pytest tests/bench --benchmark-only -q
+
+# The same benchmarks with the compiled kernels (the fast venv above).
+bench-fast: $(FASTSTAMP)
+	$(FASTVENV)/bin/python -m pytest tests/bench --benchmark-only -q
 
 # A longer differential fuzzing campaign than the one in `make test` (about 5 min
 # on 2 cores): mutated models on LiteRT's default and reference kernels, the NumPy
