@@ -18,6 +18,9 @@ RoundingDivideByPOT, zero point, clamp).  Written as 16-lane vectors it runs
 about a quarter faster than the loop LLVM vectorizes itself, which splits it
 into 8-lane pieces.
 
+The LLVM IR is built with llvmlite, numba's own code generator (installed
+with it; coralrt[fast] needs nothing more).
+
 numba's disk cache keys compiled code on the source of the module that holds
 the jitted functions (``_jit.py``), not on this one: an installed package
 replaces both files at once, but after editing this file in a checkout,
