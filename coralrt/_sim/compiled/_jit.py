@@ -18,11 +18,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from coralrt._sim.compiled._simd import COLS, LANES, ROWS, pair_dot_block, requant_lanes
+from coralrt._sim.compiled._simd import (  # noqa: F401  (PAIRED: for the callers)
+    COLS, LANES, PAIRED, ROWS, pair_dot_block, requant_lanes,
+)
 from coralrt._sim.compiled._softmax import softmax_rows
 
 __all__ = ["rows_int16", "im2col_int16", "gemm_requant", "depthwise_conv_2d", "depthwise_3x3",
-           "fully_connected", "pair_table", "softmax_rows", "ROWS", "COLS"]
+           "fully_connected", "pair_table", "softmax_rows", "ROWS", "COLS", "PAIRED"]
 
 _HALF = np.int64(1) << np.int64(30)
 _U = np.uint64

@@ -3,14 +3,26 @@
 
 :func:`pair_dot_block` computes a block of ``ROWS`` x ``COLS`` int32 sums of
 16-bit products, the way integer GEMMs do on CPUs: each step takes two
-consecutive 16-bit values of a row (one 32-bit load, broadcast to all lanes),
-multiplies them with the matching two weights of ``COLS`` columns, and adds
-each pair of products to that column's int32 sum.  It is written as LLVM
-vector operations (sign extension, multiplication, even/odd lane shuffle,
-addition), which LLVM turns into ``vpmaddwd`` or ``vpdpwssd`` on x86-64 and
-into widening multiply-adds elsewhere.  The sums are exact: each product is
-below 2^16 in magnitude, and the callers only come here when no partial sum
-can leave int32 (additions wrap, as integers do, never saturate).
+consecutive 16-bit values of a row, multiplies them with the matching two
+weights of ``COLS`` columns and adds the products to each column's int32
+sum.  It is written as LLVM vector operations, in one of two forms chosen by
+the CPU the process runs on (:data:`PAIRED`):
+
+* x86-64: the two values as one broadcast 32-bit lane, the weights of each
+  column side by side; sign extension, multiplication, even/odd shuffle and
+  addition, which LLVM turns into ``vpdpwssd`` (AVX-512 VNNI) or ``vpmaddwd``
+  (AVX2).  4 rows x 32 columns.
+* elsewhere (AArch64): each value broadcast on its own and multiplied with a
+  vector of weights of one row, then accumulated, which LLVM turns into
+  ``smlal``; 4 rows x 16 columns, so that the sums stay in registers.  The
+  paired form compiles there too, but into three times as many instructions
+  (checked by compiling both for Cortex-A72 with llvmlite; the speed on an
+  ARM board has not been measured).
+
+The sums are exact: inputs minus their zero point are at most 255 in
+magnitude and weights fit int16, so each product stays far inside int32, and
+the callers only come here when no partial sum can leave int32 (additions
+wrap, as integers do, never saturate).
 
 :func:`requant_lanes` requantizes ``LANES`` consecutive sums at once, in the
 same steps as ``_jit._requant`` (int64 product, ``(P + 2^30) >> 31``,
@@ -31,27 +43,37 @@ Operands of pair_dot_block, all C-contiguous:
 * ``a``: int32 view of a (rows, 2 * kp) int16 matrix, flat; ``a_off`` the
   first row's offset and ``a_stride`` a row's length, in int32 units (kp).
 * ``b``: flat int16 weights; from ``b_off`` on, step ``k`` of the block holds
-  for each of its COLS columns the weights of rows 2k and 2k + 1, and the
-  next step starts ``b_stride`` values later.
+  the weights of rows 2k and 2k + 1 for its COLS columns (column by column
+  when PAIRED, else row 2k's then row 2k + 1's), and the next step starts
+  ``b_stride`` values later.
 * ``acc``: int32, ROWS * COLS, written row after row.
 """
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["ROWS", "COLS", "LANES", "pair_dot_block", "requant_lanes"]
+__all__ = ["ROWS", "COLS", "LANES", "PAIRED", "pair_dot_block", "requant_lanes", "emit_block"]
+
+#: x86-64 multiplies adjacent 16-bit pairs and adds them in one instruction
+#: (``vpmaddwd``/``vpdpwssd``); other CPUs (AArch64's ``smlal``) multiply a
+#: vector by one broadcast value and accumulate.  The weights' layout follows.
+PAIRED = llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64", "i386", "i686")
 
 ROWS = 4                       # rows of the block (output pixels)
 _LANES = 16                    # int32 sums per vector
 LANES = _LANES                 # values requant_lanes takes at once
-_VECTORS = 2                   # vectors per row
+# Vectors per row: 2 on x86-64; 1 elsewhere, where 4 rows x 2 vectors of sums
+# would take all 32 of AArch64's vector registers.
+_VECTORS = 2 if PAIRED else 1
 COLS = _LANES * _VECTORS       # columns of the block (output channels)
 
 _I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _SUMS = ir.VectorType(_I32, _LANES)
+_HALVES = ir.VectorType(_I16, _LANES)
 _PAIRS = ir.VectorType(_I16, 2 * _LANES)
 _WIDE = ir.VectorType(_I32, 2 * _LANES)
 _EVEN = ir.Constant(ir.VectorType(_I32, _LANES), [2 * i for i in range(_LANES)])
@@ -69,6 +91,73 @@ def _as_i64(builder, v):
     return v if v.type == _I64 else builder.sext(v, _I64)
 
 
+def _load(builder, base, offset, vector_type):
+    ptr = builder.gep(base, [offset])
+    return builder.load(builder.bitcast(ptr, vector_type.as_pointer()), align=2)
+
+
+def emit_block(builder, ap, a_off, a_stride, bp, b_off, b_stride, kp, cp, paired, vectors):
+    """Emit the block loop at ``builder``: ``ap`` an i32 pointer (the rows' int16
+    pairs), ``bp`` an i16 pointer (the weights), ``cp`` an i32 pointer (the
+    sums, ROWS x 16 * vectors), the rest i64 values.  ``paired``: the weights of
+    a step are (columns, 2), two weights per column side by side; otherwise
+    (2, columns), the weights of row 2k then those of row 2k + 1."""
+    i16p = _I16.as_pointer()
+    entry = builder.block
+    head = builder.append_basic_block("pairdot.head")
+    body = builder.append_basic_block("pairdot.body")
+    done = builder.append_basic_block("pairdot.done")
+    builder.branch(head)
+
+    builder.position_at_end(head)
+    k = builder.phi(_I64)
+    k.add_incoming(ir.Constant(_I64, 0), entry)
+    sums = []
+    for _ in range(ROWS * vectors):
+        s = builder.phi(_SUMS)
+        s.add_incoming(ir.Constant(_SUMS, [0] * _LANES), entry)
+        sums.append(s)
+    builder.cbranch(builder.icmp_signed("<", k, kp), body, done)
+
+    builder.position_at_end(body)
+    row_b = builder.add(b_off, builder.mul(k, b_stride))
+    columns = _LANES * vectors
+    if paired:
+        weights = [_load(builder, bp, builder.add(row_b, ir.Constant(_I64, 2 * _LANES * j)),
+                         _PAIRS) for j in range(vectors)]
+    else:
+        weights = [tuple(builder.sext(_load(builder, bp, builder.add(
+                       row_b, ir.Constant(_I64, half * columns + _LANES * j)), _HALVES), _SUMS)
+                         for half in (0, 1)) for j in range(vectors)]
+    new = []
+    for r in range(ROWS):
+        at = builder.add(builder.add(a_off, builder.mul(ir.Constant(_I64, r), a_stride)), k)
+        if paired:
+            pair = builder.load(builder.gep(ap, [at]))                 # two int16 as one int32
+            splat = builder.bitcast(_splat(builder, pair, _SUMS), _PAIRS)
+            for j in range(vectors):
+                new.append(builder.add(sums[r * vectors + j],
+                                       _pair_products(builder, splat, weights[j])))
+            continue
+        first = builder.mul(at, ir.Constant(_I64, 2))
+        a16 = builder.bitcast(ap, i16p)
+        x0, x1 = (_splat(builder, builder.sext(builder.load(builder.gep(a16, [i])), _I32), _SUMS)
+                  for i in (first, builder.add(first, ir.Constant(_I64, 1))))
+        for j in range(vectors):
+            w0, w1 = weights[j]
+            new.append(builder.add(sums[r * vectors + j],
+                                   builder.add(builder.mul(x0, w0), builder.mul(x1, w1))))
+    k.add_incoming(builder.add(k, ir.Constant(_I64, 1)), body)
+    for s, v in zip(sums, new):
+        s.add_incoming(v, body)
+    builder.branch(head)
+
+    builder.position_at_end(done)
+    for i, s in enumerate(sums):
+        ptr = builder.gep(cp, [ir.Constant(_I64, i * _LANES)])
+        builder.store(s, builder.bitcast(ptr, _SUMS.as_pointer()), align=4)
+
+
 @intrinsic
 def pair_dot_block(typingctx, a, a_off, a_stride, b, b_off, b_stride, kp, acc):
     sig = types.void(a, a_off, a_stride, b, b_off, b_stride, kp, acc)
@@ -79,55 +168,14 @@ def pair_dot_block(typingctx, a, a_off, a_stride, b, b_off, b_stride, kp, acc):
         bp = context.make_array(bty)(context, builder, args[3]).data
         cp = context.make_array(accty)(context, builder, args[7]).data
         a_off, a_stride, b_off, b_stride, kp = (_as_i64(builder, args[i]) for i in (1, 2, 4, 5, 6))
-        zero = ir.Constant(_SUMS, [0] * _LANES)
-
-        entry = builder.block
-        head = builder.append_basic_block("pairdot.head")
-        body = builder.append_basic_block("pairdot.body")
-        done = builder.append_basic_block("pairdot.done")
-        builder.branch(head)
-
-        builder.position_at_end(head)
-        k = builder.phi(_I64)
-        k.add_incoming(ir.Constant(_I64, 0), entry)
-        sums = []
-        for _ in range(ROWS * _VECTORS):
-            s = builder.phi(_SUMS)
-            s.add_incoming(zero, entry)
-            sums.append(s)
-        builder.cbranch(builder.icmp_signed("<", k, kp), body, done)
-
-        builder.position_at_end(body)
-        row_b = builder.add(b_off, builder.mul(k, b_stride))
-        weights = []
-        for j in range(_VECTORS):
-            ptr = builder.gep(bp, [builder.add(row_b, ir.Constant(_I64, 2 * _LANES * j))])
-            weights.append(builder.load(builder.bitcast(ptr, _PAIRS.as_pointer()), align=2))
-        new = []
-        for r in range(ROWS):
-            at = builder.add(builder.add(a_off, builder.mul(ir.Constant(_I64, r), a_stride)), k)
-            pair = builder.load(builder.gep(ap, [at]))                 # two int16 as one int32
-            splat = builder.insert_element(ir.Constant(_SUMS, ir.Undefined), pair,
-                                           ir.Constant(_I32, 0))
-            splat = builder.bitcast(builder.shuffle_vector(splat, splat, _SPLAT), _PAIRS)
-            for j in range(_VECTORS):
-                new.append(builder.add(sums[r * _VECTORS + j],
-                                       _pair_products(builder, splat, weights[j])))
-        k.add_incoming(builder.add(k, ir.Constant(_I64, 1)), body)
-        for s, v in zip(sums, new):
-            s.add_incoming(v, body)
-        builder.branch(head)
-
-        builder.position_at_end(done)
-        for i, s in enumerate(sums):
-            ptr = builder.gep(cp, [ir.Constant(_I64, i * _LANES)])
-            builder.store(s, builder.bitcast(ptr, _SUMS.as_pointer()), align=4)
+        emit_block(builder, ap, a_off, a_stride, bp, b_off, b_stride, kp, cp, PAIRED, _VECTORS)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 def _splat(builder, value, vector_type):
+    """``value`` (an i32 or an i64) in every lane of a 16-lane ``vector_type``."""
     v = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, v, _SPLAT)
 

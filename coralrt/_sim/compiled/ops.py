@@ -137,10 +137,12 @@ def _pair_gemm_conv(loops, q, in_shape, shape, geometry) -> Run:
     n_pad = -(-oc // cols) * cols
     wk = np.zeros((2 * kp, n_pad), np.int16)
     wk[:depth, :oc] = w.transpose(1, 2, 3, 0).reshape(depth, oc)  # int16 (conv_2d checks)
-    # Block-major: each block of `cols` columns holds its kp steps of (cols, 2)
-    # weights contiguously, so a block streams through memory in order.
-    b = np.ascontiguousarray(
-        wk.reshape(kp, 2, n_pad // cols, cols).transpose(2, 0, 3, 1)).reshape(-1)
+    # Block-major: each block of `cols` columns holds its kp steps contiguously,
+    # so a block streams through memory in order; a step is (cols, 2) weights
+    # for the paired form, (2, cols) for the other (see _simd).
+    steps = wk.reshape(kp, 2, n_pad // cols, cols)
+    b = np.ascontiguousarray(steps.transpose(2, 0, 3, 1) if loops.PAIRED
+                             else steps.transpose(2, 0, 1, 3)).reshape(-1)
     n, oh, ow, _ = shape
     pointwise = kh == 1 and kw == 1 and pt == 0 and pl == 0
     band = max(1, _PAIR_BAND // max(ow * kp, 1))                  # output rows per band

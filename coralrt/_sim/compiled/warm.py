@@ -25,7 +25,7 @@ def warm_up(jit) -> None:
         a = np.zeros((4, 2), np.int16)
         jit.rows_int16(np.zeros((2, 2), dt), i32(0), a)
         jit.im2col_int16(x, 0, 0, 1, 2, 1, 1, 1, 1, 1, 1, 0, 0, i32(0), a)
-        jit.gemm_requant(a.view(i32), 2, np.zeros(2 * 32, np.int16), 2, 32, bias, *q,
+        jit.gemm_requant(a.view(i32), 2, np.zeros(2 * jit.COLS, np.int16), 2, jit.COLS, bias, *q,
                          np.empty(4, dt))
         jit.fully_connected(np.zeros((1, 2), dt), np.zeros((2, 2), i32), np.zeros(2, np.int64),
                             0, np.ones(2), 0, -128, 127, np.empty((1, 2), dt))
