@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from coralrt._sim.compiled._simd import (  # noqa: F401  (PAIRED: for the callers)
+from coralrt._sim.compiled._simd import (
     COLS, LANES, PAIRED, ROWS, pair_dot_block, requant_lanes,
 )
 from coralrt._sim.compiled._softmax import softmax_rows
@@ -33,9 +33,10 @@ _U = np.uint64
 @njit(cache=True, nogil=True, inline="always")
 def _requant(v, m, rs, zp, lo, hi):
     """MultiplyByQuantizedMultiplier(v, m, -rs) + zp clamped to [lo, hi], for an int32
-    ``v``, 0 < m < 2^31 and 0 <= rs <= 31 (no left shift: callers leave multipliers
-    above 1 to the NumPy kernels).  The product needs 64 bits; its rounded high
-    half ``q`` does not (|q| <= |v|), so the rest runs in 32-bit lanes."""
+    ``v``, 0 < m < 2^31 and 0 <= rs <= 31 (no left shift: the callers fold a
+    multiplier's left shift into the weights and bias, ops._setup).  The product
+    needs 64 bits; its rounded high half ``q`` does not (|q| <= |v|), so the rest
+    runs in 32-bit lanes."""
     q = np.int32((np.int64(v) * np.int64(m) + _HALF) >> np.int64(31))   # SRDHM
     mask = np.int32((np.int32(1) << rs) - np.int32(1))                  # RoundingDivideByPOT
     thr = np.int32((mask >> np.int32(1)) + np.int32(q < 0))
@@ -43,10 +44,19 @@ def _requant(v, m, rs, zp, lo, hi):
     return min(max(r, lo), hi)
 
 
-@njit(cache=True, nogil=True)
-def _requant_row(acc, m, rs, zp, lo, hi, out):
-    for o in range(acc.shape[0]):
-        out[o] = _requant(acc[o], m[o], rs[o], zp, lo, hi)
+@njit(cache=True, nogil=True, inline="always")
+def _requant_run(acc, src, bias, m, rs, c0, count, zp, lo, hi, out, dst):
+    """out[dst + i] = requant(acc[src + i] + bias[c0 + i]) with channel c0 + i's
+    multiplier, for i < count (unsigned offsets): LANES at a time, then one by one."""
+    i = _U(0)
+    while i + _U(LANES) <= count:
+        requant_lanes(acc, src + i, bias, m, rs, c0 + i, zp, lo, hi, out, dst + i)
+        i += _U(LANES)
+    while i < count:
+        o = c0 + i
+        out[dst + i] = _requant(np.int32(np.int32(acc[src + i]) + bias[o]), m[o], rs[o], zp,
+                                lo, hi)
+        i += _U(1)
 
 
 @njit(cache=True, nogil=True)
@@ -121,8 +131,9 @@ def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
     """out[r, c] for r < rows, c < n: the requantized int32 sum of row r of ``a``
     (int16 pairs as int32, see :mod:`._simd`; its rows a multiple of ROWS) with
     column c of the weights ``b``, plus bias[c].  ``b`` holds n_pad / COLS
-    blocks one after the other, each (kp, COLS, 2).  ``out`` is flat, rows
-    x n values; bias, m and rs have n values."""
+    blocks one after the other, each kp steps of 2 * COLS weights laid out as
+    :mod:`._simd` says.  ``out`` is flat, rows x n values; bias, m and rs have
+    n values."""
     rows_pad, kp = a.shape
     af = a.reshape(-1)
     acc = np.empty(ROWS * COLS, np.int32)
@@ -133,17 +144,8 @@ def gemm_requant(a, rows, b, n, n_pad, bias, m, rs, zp, lo, hi, out):
         for r0 in range(0, rows_pad, ROWS):
             pair_dot_block(af, r0 * kp, kp, b, 2 * c0 * kp, 2 * COLS, kp, acc)
             for i in range(min(ROWS, rows - r0)):
-                dst = _U(r0 + i) * nu + cu0
-                src = _U(i * COLS)
-                c = _U(0)
-                while c + _U(LANES) <= width:
-                    requant_lanes(acc, src + c, bias, m, rs, cu0 + c, zp, lo, hi, out, dst + c)
-                    c += _U(LANES)
-                while c < width:
-                    o = cu0 + c
-                    out[dst + c] = _requant(np.int32(acc[src + c] + bias[o]), m[o], rs[o], zp,
-                                            lo, hi)
-                    c += _U(1)
+                _requant_run(acc, _U(i * COLS), bias, m, rs, cu0, width, zp, lo, hi, out,
+                             _U(r0 + i) * nu + cu0)
 
 
 @njit(cache=True, nogil=True)
@@ -154,7 +156,9 @@ def depthwise_conv_2d(x, wt, bias, x_zp, dm, sh, sw, dh, dw, pt, pl, m, rs, zp, 
     n, h, w, c = x.shape
     kh, kw, oc = wt.shape
     oh, ow = out.shape[1], out.shape[2]
+    of = out.reshape(-1)
     acc = np.empty(oc, np.int32)
+    zeros = np.zeros(oc, np.int32)         # acc starts from the bias
     for b in range(n):
         for oy in range(oh):
             iy0 = oy * sh - pt
@@ -179,7 +183,8 @@ def depthwise_conv_2d(x, wt, bias, x_zp, dm, sh, sw, dh, dw, pt, pl, m, rs, zp, 
                                 a = np.int32(xr[ci]) - x_zp
                                 for k in range(dm):
                                     acc[ci * dm + k] += a * wr[ci * dm + k]
-                _requant_row(acc, m, rs, zp, lo, hi, out[b, oy, ox])
+                _requant_run(acc, _U(0), zeros, m, rs, _U(0), _U(oc), zp, lo, hi, of,
+                             _U(((b * oh + oy) * ow + ox) * oc))
 
 
 @njit(cache=True, nogil=True, fastmath=True)     # fastmath: only the exact float32 sums
@@ -254,13 +259,7 @@ def depthwise_3x3(x, wf, biasf, wsum, x_zp, sh, sw, dh, dw, pt, pl, m, rs, zp, l
             q0 = _U((b * oh + oy) * ow * c)
             for ox in range(ow):
                 r0 = _U(ox * c)
-                o = _U(0)
-                while o + _U(LANES) <= cu:
-                    requant_lanes(row, r0 + o, zeros, m, rs, o, zp, lo, hi, of, q0 + r0 + o)
-                    o += _U(LANES)
-                while o < cu:
-                    of[q0 + r0 + o] = _requant(np.int32(row[r0 + o]), m[o], rs[o], zp, lo, hi)
-                    o += _U(1)
+                _requant_run(row, r0, zeros, m, rs, _U(0), cu, zp, lo, hi, of, q0 + r0)
 
 
 @njit(cache=True, nogil=True)

@@ -119,11 +119,10 @@ def conv_2d(ctx: OpContext) -> Run | None:
         return None
     if q is None or np.abs(q["w"]).max(initial=0) > np.iinfo(np.int16).max:   # int16 pairs
         return None
-    return _pair_gemm_conv(loops, q, x_t.shape, tuple(out_t.shape),
-                           (kh, kw, sh, sw, dh, dw, pt, pl))
+    return _pair_gemm_conv(loops, q, tuple(out_t.shape), (kh, kw, sh, sw, dh, dw, pt, pl))
 
 
-def _pair_gemm_conv(loops, q, in_shape, shape, geometry) -> Run:
+def _pair_gemm_conv(loops, q, shape, geometry) -> Run:
     """The convolution as an integer GEMM per band of output rows: the windows as
     rows of int16 (``x - x_zp``, laid out by a compiled im2col, or converted as
     they are for 1x1 windows), their int32 sums with the weights in blocks of
@@ -294,22 +293,22 @@ def pair_table(table: np.ndarray, out_shape: tuple[int, ...]) -> Run | None:
     return run
 
 
-def softmax(exp_acc: np.ndarray, exp_q0: np.ndarray, out_dtype, out_shape) -> Run | None:
-    """An 8-bit SOFTMAX's ``run`` over rows of the last axis, from the NumPy
-    kernel's tables of exp per difference from the row maximum; None when the
-    compiled loops are off."""
+def softmax(exp_acc: np.ndarray, exp_q0: np.ndarray, bits: int, lo: int, hi: int, out_dtype,
+            out_shape) -> Run | None:
+    """An 8-bit SOFTMAX's ``run`` over rows of the last axis (rank 1 or more, the
+    NumPy kernel checks), from that kernel's tables of exp per difference from
+    the row maximum and its output width and range; None when the compiled loops
+    are off."""
     loops = jit()
     if loops is None:
         return None
-    info = np.iinfo(out_dtype)
-    bits, lo, hi = out_dtype.itemsize * 8, int(info.min), int(info.max)
     acc = np.ascontiguousarray(exp_acc, np.int64)
     q0 = np.ascontiguousarray(exp_q0, np.int64)
     rows_of, shape = loops.softmax_rows, tuple(out_shape)
 
     def run(inputs):
         x = _plain(inputs[0])
-        flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+        flat = x.reshape(-1, x.shape[-1])
         out = np.empty(flat.shape, out_dtype)
         rows_of(flat, acc, q0, bits, lo, hi, out)
         return [out.reshape(shape)]

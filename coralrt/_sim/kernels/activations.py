@@ -295,7 +295,8 @@ def softmax(ctx: OpContext):
     bits = out_dtype.itemsize * 8
     out_min, out_max = int(np.iinfo(out_dtype).min), int(np.iinfo(out_dtype).max)
     out_shape = tuple(out.shape)
-    fast = compiled.softmax(exp_acc, exp_q0, out_dtype, out_shape)   # the coralrt[fast] extra
+    fast = compiled.softmax(exp_acc, exp_q0, bits, out_min, out_max, out_dtype,  # fast extra
+                            out_shape)
     if fast is not None:
         return fast
 
